@@ -1,0 +1,104 @@
+"""Records → tables and the run summary. Definitions follow vLLM's benchmark where it has one."""
+
+import math
+from dataclasses import asdict
+
+import numpy as np
+import pandas as pd
+
+from harness.engine import RunRecords
+from strategies import RequestStatus
+
+PERCENTILES = (50, 90, 99)
+
+
+def requests_table(records: RunRecords) -> pd.DataFrame:
+    """One row per request that entered, finished or rejected."""
+    rows = []
+    for r in records.requests:
+        times = r.token_times_s
+        first = times[0] if times else math.nan
+        finish = r.finish_s if r.finish_s is not None else math.nan
+        rows.append({
+            "request_id": r.request_id,
+            "status": r.status.name.lower(),
+            "reject_reason": r.reject_reason or "",
+            "arrival_s": r.arrival_s,
+            "prompt_len": r.num_prompt_tokens,
+            "max_new_tokens": r.max_new_tokens,
+            "num_output_tokens": r.num_output_tokens,
+            "num_preemptions": r.num_preemptions,
+            "first_scheduled_s": r.first_scheduled_s if r.first_scheduled_s is not None else math.nan,
+            "first_token_s": first,
+            "finish_s": finish,
+            "queue_s": (r.first_scheduled_s - r.arrival_s) if r.first_scheduled_s is not None else math.nan,
+            "ttft_s": first - r.arrival_s,
+            # TPOT excludes the first token; undefined for a single output token.
+            "tpot_s": (finish - first) / (len(times) - 1) if len(times) > 1 else math.nan,
+            "e2e_s": finish - r.arrival_s,
+        })
+    return pd.DataFrame(rows)
+
+
+def steps_table(records: RunRecords, num_blocks: int) -> pd.DataFrame:
+    steps = pd.DataFrame([asdict(s) for s in records.steps])
+    if not steps.empty:
+        steps["num_computed_tokens"] = steps.num_prefill_tokens + steps.num_decode_tokens + steps.num_padding_tokens
+        steps["padding_waste"] = steps.num_padding_tokens / steps.num_computed_tokens
+        steps["kv_utilization"] = steps.kv_used_blocks / num_blocks
+    return steps
+
+
+def inter_token_latencies(records: RunRecords) -> np.ndarray:
+    """Every gap between consecutive tokens of a request, pooled over requests."""
+    gaps = [np.diff(r.token_times_s) for r in records.requests if len(r.token_times_s) > 1]
+    return np.concatenate(gaps) if gaps else np.array([])
+
+
+def distribution(name: str, values) -> dict[str, float]:
+    values = np.asarray(values, dtype=float)
+    values = values[~np.isnan(values)]
+    if values.size == 0:
+        return {f"{name}_mean": math.nan} | {f"{name}_p{p}": math.nan for p in PERCENTILES}
+    return {f"{name}_mean": float(values.mean())} | {
+        f"{name}_p{p}": float(np.percentile(values, p)) for p in PERCENTILES
+    }
+
+
+def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: np.ndarray, labels: dict) -> dict:
+    """The flat `summary.json` contract of DESIGN.md, in SI units."""
+    finished = requests[requests.status == RequestStatus.FINISHED.name.lower()]
+    start = requests.arrival_s.min()
+    makespan = float(finished.finish_s.max() - start) if len(finished) else 0.0
+    output_tokens = int(finished.num_output_tokens.sum())
+    total_tokens = output_tokens + int(finished.prompt_len.sum())
+    computed = int(steps.num_computed_tokens.sum()) if len(steps) else 0
+    padding = int(steps.num_padding_tokens.sum()) if len(steps) else 0
+    busy = float(steps.busy_s.sum()) if len(steps) else 0.0
+    kv_mean = float(np.average(steps.kv_utilization, weights=steps.duration_s)) if len(steps) else 0.0
+
+    def per_second(x: float) -> float:
+        return x / makespan if makespan > 0 else math.nan
+
+    summary = dict(labels) | {
+        "num_requests": len(requests),
+        "num_finished": len(finished),
+        "num_rejected": int((requests.status == RequestStatus.REJECTED.name.lower()).sum()),
+        "num_preemptions": int(requests.num_preemptions.sum()),
+        "num_steps": len(steps),
+        "makespan_s": makespan,
+        "request_throughput_rps": per_second(len(finished)),
+        "output_throughput_tps": per_second(output_tokens),
+        "total_throughput_tps": per_second(total_tokens),
+        **distribution("ttft_s", finished.ttft_s),
+        **distribution("tpot_s", finished.tpot_s),
+        **distribution("itl_s", itl),
+        **distribution("e2e_s", finished.e2e_s),
+        "num_computed_tokens": computed,
+        "num_padding_tokens": padding,
+        "padding_waste": padding / computed if computed else 0.0,
+        "kv_peak_utilization": float(steps.kv_utilization.max()) if len(steps) else 0.0,
+        "kv_mean_utilization": kv_mean,
+        "busy_s": busy,
+    }
+    return summary

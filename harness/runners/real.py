@@ -1,0 +1,96 @@
+"""The real runner: executes a `BatchPlan` on a transformers causal LM over the paged KV cache."""
+
+import time
+
+import torch
+
+from harness.kv_cache import BlockAllocator
+from harness.runners.attention import BatchMeta, register_paged_attention
+from harness.runners.base import StepResult
+from strategies import BatchPlan
+
+
+class RealRunner:
+    """Owns the cache tensors and the model. Greedy sampling; any Llama-family model works unchanged because
+    attention is swapped in through `AttentionInterface`, not by editing the model."""
+
+    measures_wall_time = True
+
+    def __init__(self, model, allocator: BlockAllocator, keep_logits: bool = False):
+        config = model.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        param = next(model.parameters())
+        self.device = param.device
+        self.model = model
+        self.allocator = allocator
+        self.keep_logits = keep_logits
+        self.pad_token_id = config.pad_token_id if config.pad_token_id is not None else 0
+        shape = (allocator.num_blocks, allocator.block_size, config.num_key_value_heads, head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=param.dtype, device=self.device),
+             torch.zeros(shape, dtype=param.dtype, device=self.device))
+            for _ in range(config.num_hidden_layers)
+        ]
+        model.set_attn_implementation(register_paged_attention())
+
+    def execute(self, plan: BatchPlan) -> StepResult:
+        start = time.perf_counter()
+        build = self._padded_inputs if plan.padded else self._ragged_inputs
+        input_ids, position_ids, meta, keep, sampling_rows = build(plan)
+        with torch.inference_mode():
+            logits = self.model(input_ids=input_ids, position_ids=position_ids, batch_meta=meta, use_cache=False,
+                                logits_to_keep=keep).logits
+        # ragged: [1, num_sampling, V]; padded: [B, 1, V]
+        logits = logits[0] if not plan.padded else logits[:, -1]
+        chosen = [plan.chunks[i].request.request_id for i in sampling_rows]
+        rows = logits if not plan.padded else logits[sampling_rows]
+        tokens = rows.argmax(dim=-1).tolist()  # the host copy also synchronises the device before timing stops
+        duration = time.perf_counter() - start
+        kept = {rid: row.float().cpu() for rid, row in zip(chosen, rows)} if self.keep_logits else {}
+        return StepResult(sampled=dict(zip(chosen, tokens)), duration_s=duration, logits=kept)
+
+    def _ragged_inputs(self, plan: BatchPlan):
+        ids, positions, slots, cu_seqlens, seq_lens_k, tables, keep, sampling_rows = [], [], [], [0], [], [], [], []
+        for i, chunk in enumerate(plan.chunks):
+            request, end = chunk.request, chunk.start + chunk.num_tokens
+            ids += request.token_ids[chunk.start:end]
+            positions += range(chunk.start, end)
+            slots += self.allocator.slots(request.request_id, chunk.start, end)
+            cu_seqlens.append(cu_seqlens[-1] + chunk.num_tokens)
+            seq_lens_k.append(end)
+            tables.append(self.allocator.block_tables[request.request_id])
+            if chunk.samples:
+                keep.append(cu_seqlens[-1] - 1)
+                sampling_rows.append(i)
+        meta = BatchMeta(kv_caches=self.kv_caches, slot_mapping=self._tensor(slots),
+                         seq_lens_k=self._tensor(seq_lens_k), block_table=self._block_table(tables), padded=False,
+                         cu_seqlens_q=self._tensor(cu_seqlens))
+        return self._tensor([ids]), self._tensor([positions]), meta, self._tensor(keep), sampling_rows
+
+    def _padded_inputs(self, plan: BatchPlan):
+        rows, width = plan.num_rows, plan.row_width
+        ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long)  # [B, L]
+        positions = torch.zeros((rows, width), dtype=torch.long)
+        slots = torch.full((rows, width), -1, dtype=torch.long)
+        query_lens, seq_lens_k, tables, sampling_rows = [0] * rows, [0] * rows, [[]] * rows, []
+        for b, chunk in enumerate(plan.chunks):  # idle rows are the trailing ones, all padding
+            request, n, end = chunk.request, chunk.num_tokens, chunk.start + chunk.num_tokens
+            ids[b, width - n:] = torch.tensor(request.token_ids[chunk.start:end])
+            positions[b, width - n:] = torch.arange(chunk.start, end)
+            slots[b, width - n:] = torch.tensor(self.allocator.slots(request.request_id, chunk.start, end))
+            query_lens[b], seq_lens_k[b] = n, end
+            tables[b] = self.allocator.block_tables[request.request_id]
+            if chunk.samples:
+                sampling_rows.append(b)
+        meta = BatchMeta(kv_caches=self.kv_caches, slot_mapping=slots.flatten().to(self.device),
+                         seq_lens_k=self._tensor(seq_lens_k), block_table=self._block_table(tables), padded=True,
+                         query_lens=self._tensor(query_lens))
+        keep = self._tensor([width - 1])
+        return ids.to(self.device), positions.to(self.device), meta, keep, sampling_rows
+
+    def _tensor(self, values) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)
+
+    def _block_table(self, tables: list[list[int]]) -> torch.Tensor:
+        width = max(1, max(len(t) for t in tables))
+        return self._tensor([t + [-1] * (width - len(t)) for t in tables])  # [S, max_blocks]

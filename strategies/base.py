@@ -1,0 +1,147 @@
+"""What strategies and the engine share: the request, its state, the batch plan and the strategy interface.
+
+Strategies decide *which tokens run next*; they touch no tensors. The engine applies what the runner returns.
+"""
+
+import enum
+from abc import ABC, abstractmethod
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    PREFILLING = 1
+    DECODING = 2
+    PREEMPTED = 3
+    FINISHED = 4
+    REJECTED = 5
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: int
+    arrival_s: float
+    token_ids: list[int]  # prompt, then every generated token
+    num_prompt_tokens: int
+    max_new_tokens: int
+    status: RequestStatus = RequestStatus.WAITING
+    # Tokens whose K/V sit in the cache. The last token in `token_ids` is never computed until scheduled.
+    num_computed_tokens: int = 0
+    num_preemptions: int = 0
+    reject_reason: str | None = None
+    first_scheduled_s: float | None = None
+    token_times_s: list[float] = field(default_factory=list)  # when each output token was produced
+    finish_s: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def max_num_tokens(self) -> int:
+        """Tokens held in the cache when the request finishes (the last sampled token is never computed)."""
+        return self.num_prompt_tokens + self.max_new_tokens - 1
+
+
+@dataclass
+class ScheduledChunk:
+    """`num_tokens` tokens of one request, starting at `start` (its num_computed_tokens), run in one step."""
+
+    request: Request
+    start: int
+    num_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """Whether this chunk reaches the request's last known token, so the step samples its next one."""
+        return self.start + self.num_tokens == self.request.num_tokens
+
+    @property
+    def is_decode(self) -> bool:
+        """One new token after the prompt; anything else (prompt chunks, recompute after preemption) is prefill."""
+        return self.num_tokens == 1 and self.samples and self.start >= self.request.num_prompt_tokens
+
+
+@dataclass
+class BatchPlan:
+    """One forward pass. Ragged: the chunks concatenated into `[T]`. Padded: a `[rows, width]` rectangle where each
+    chunk is left-padded to the widest one and `num_idle_rows` rows hold no live request but are still computed."""
+
+    chunks: list[ScheduledChunk]
+    padded: bool = False
+    num_idle_rows: int = 0
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.chunks) + self.num_idle_rows
+
+    @property
+    def row_width(self) -> int:
+        return max((c.num_tokens for c in self.chunks), default=0)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def num_padding_tokens(self) -> int:
+        return self.num_rows * self.row_width - self.num_scheduled_tokens if self.padded else 0
+
+    @property
+    def num_computed_tokens(self) -> int:
+        return self.num_scheduled_tokens + self.num_padding_tokens
+
+
+class KVBlocks(Protocol):
+    """The part of the block allocator a strategy may use: bookkeeping only, no tensors."""
+
+    num_blocks: int
+    block_size: int
+
+    @property
+    def num_free_blocks(self) -> int: ...
+
+    def num_blocks_for(self, num_tokens: int) -> int: ...
+
+    def allocate(self, request_id: int, num_tokens: int) -> bool: ...
+
+    def free(self, request_id: int) -> None: ...
+
+
+class Strategy(ABC):
+    """A scheduling policy. It reads the engine's queues, moves requests between them, and returns a plan."""
+
+    name: str
+
+    def __init__(self, kv: KVBlocks):
+        self.kv = kv
+
+    @property
+    @abstractmethod
+    def max_concurrency(self) -> int:
+        """The most requests that can hold cache blocks at once."""
+
+    @abstractmethod
+    def schedule(self, waiting: deque[Request], running: list[Request]) -> BatchPlan:
+        """Plan the next step. `waiting` is FIFO; admitted requests move to the end of `running`."""
+
+    def on_finished(self, request: Request) -> None:
+        """Called by the engine when a request is done; by default its blocks go back at once."""
+        self.kv.free(request.request_id)
+
+    def admit(self, waiting: deque[Request], running: list[Request]) -> Request:
+        request = waiting.popleft()
+        request.status = RequestStatus.PREFILLING
+        running.append(request)
+        return request

@@ -1,0 +1,84 @@
+"""Continuous batching: a ragged batch under a token budget, decodes first, chunked prefill fills the rest."""
+
+from collections import deque
+
+from strategies.base import BatchPlan, KVBlocks, Request, RequestStatus, ScheduledChunk, Strategy
+
+ORDERS = ("decode_first", "prefill_first")
+
+
+class ContinuousBatching(Strategy):
+    """Each step: every running request's next tokens under the budget `max_batch_tokens` (decodes first by
+    default), then waiting requests' prompts, chunked to fit. Blocks are allocated as tokens are computed and
+    freed the moment a request finishes. When the cache runs out, the newest running request is preempted and
+    will recompute its tokens later; no request is dropped.
+    """
+
+    name = "continuous"
+
+    def __init__(self, kv: KVBlocks, max_batch_tokens: int, max_num_seqs: int,
+                 max_prefill_chunk: int | None = None, order: str = "decode_first"):
+        super().__init__(kv)
+        if order not in ORDERS:
+            raise ValueError(f"strategy.order must be one of {ORDERS}, got {order!r}")
+        self.max_batch_tokens = max_batch_tokens
+        self.max_num_seqs = max_num_seqs
+        self.max_prefill_chunk = max_prefill_chunk or max_batch_tokens
+        self.order = order
+
+    @property
+    def max_concurrency(self) -> int:
+        return self.max_num_seqs
+
+    def schedule(self, waiting: deque[Request], running: list[Request]) -> BatchPlan:
+        budget = self.max_batch_tokens
+        scheduled: dict[int, ScheduledChunk] = {}
+        preempted: list[Request] = []
+
+        def is_decode(r: Request) -> bool:
+            return r.num_tokens - r.num_computed_tokens == 1 and r.num_computed_tokens >= r.num_prompt_tokens
+
+        # `running` is in admission order (oldest first); sorting is stable, so age breaks ties.
+        first_decodes = self.order == "decode_first"
+        for request in sorted(running, key=lambda r: is_decode(r) != first_decodes):
+            if budget == 0:
+                break
+            if request.status == RequestStatus.PREEMPTED:
+                continue
+            num_new = self._num_new_tokens(request, budget)
+            while not self.kv.allocate(request.request_id, request.num_computed_tokens + num_new):
+                victim = running[-1]  # the newest running request, which may be this one
+                budget += self._preempt(victim, running, waiting, scheduled)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            else:
+                scheduled[request.request_id] = ScheduledChunk(request, request.num_computed_tokens, num_new)
+                budget -= num_new
+
+        # Preempting means the cache is full: admitting now would only preempt again.
+        while not preempted and waiting and budget > 0 and len(running) < self.max_num_seqs:
+            request = waiting[0]
+            num_new = self._num_new_tokens(request, budget)
+            if not self.kv.allocate(request.request_id, num_new):
+                break
+            self.admit(waiting, running)
+            scheduled[request.request_id] = ScheduledChunk(request, 0, num_new)
+            budget -= num_new
+
+        return BatchPlan(chunks=list(scheduled.values()), preempted=preempted)
+
+    def _num_new_tokens(self, request: Request, budget: int) -> int:
+        return min(request.num_tokens - request.num_computed_tokens, budget, self.max_prefill_chunk)
+
+    def _preempt(self, victim: Request, running: list[Request], waiting: deque[Request],
+                 scheduled: dict[int, ScheduledChunk]) -> int:
+        """Recompute-style preemption: drop the victim's cache, queue it first. Returns budget given back."""
+        self.kv.free(victim.request_id)
+        running.remove(victim)
+        waiting.appendleft(victim)
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        chunk = scheduled.pop(victim.request_id, None)
+        return chunk.num_tokens if chunk else 0

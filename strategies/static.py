@@ -1,0 +1,64 @@
+"""Static batching: fill a batch when it is empty, then run it until its longest request is done."""
+
+from collections import deque
+from itertools import islice
+
+from strategies.base import BatchPlan, KVBlocks, Request, RequestStatus, ScheduledChunk, Strategy
+
+
+class StaticBatching(Strategy):
+    """Up to `batch_size` waiting requests start together, left-padded to the longest prompt, and decode together.
+
+    A finished request's row keeps being computed (as padding) until the whole batch drains, and every row holds
+    the slots of the full rectangle (longest prompt + longest output) until then, as a padded engine
+    preallocates `[B, L + max_new_tokens]`. Nothing joins mid-batch.
+    """
+
+    name = "static"
+
+    def __init__(self, kv: KVBlocks, batch_size: int):
+        super().__init__(kv)
+        self.batch_size = batch_size
+        self.batch: list[Request] = []
+
+    @property
+    def max_concurrency(self) -> int:
+        return self.batch_size
+
+    def schedule(self, waiting: deque[Request], running: list[Request]) -> BatchPlan:
+        if not self.batch:
+            return self._start_batch(waiting, running)
+        live = [r for r in self.batch if r.status != RequestStatus.FINISHED]
+        return BatchPlan(
+            chunks=[ScheduledChunk(r, r.num_computed_tokens, 1) for r in live],
+            padded=True,
+            num_idle_rows=len(self.batch) - len(live),
+        )
+
+    def _start_batch(self, waiting: deque[Request], running: list[Request]) -> BatchPlan:
+        # Take the longest FIFO prefix of the queue whose rectangle fits in the cache.
+        candidates = list(islice(waiting, self.batch_size))
+        rows = 0
+        for k in range(1, len(candidates) + 1):
+            if k * self.kv.num_blocks_for(self._rectangle_width(candidates[:k])) > self.kv.num_free_blocks:
+                break
+            rows = k
+        self.batch = [self.admit(waiting, running) for _ in range(rows)]
+        width = self._rectangle_width(self.batch)
+        for request in self.batch:
+            allocated = self.kv.allocate(request.request_id, width)
+            assert allocated, "the rectangle was sized to fit the free blocks"
+        return BatchPlan(chunks=[ScheduledChunk(r, 0, r.num_tokens) for r in self.batch], padded=True)
+
+    @staticmethod
+    def _rectangle_width(requests: list[Request]) -> int:
+        if not requests:
+            return 0
+        return max(r.num_prompt_tokens for r in requests) + max(r.max_new_tokens for r in requests) - 1
+
+    def on_finished(self, request: Request) -> None:
+        # Rows are held, pads and all, until the batch drains.
+        if all(r.status == RequestStatus.FINISHED for r in self.batch):
+            for r in self.batch:
+                self.kv.free(r.request_id)
+            self.batch = []

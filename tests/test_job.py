@@ -1,0 +1,91 @@
+"""Whole runs through the Hydra config: files on disk, the summary contract, clear errors on bad config."""
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_dir
+
+from harness.config import ConfigError
+from harness.job import run_job
+from tests.conftest import ROOT
+
+SUMMARY_KEYS = (
+    "strategy workload runner model num_requests num_finished num_rejected num_preemptions makespan_s "
+    "request_throughput_rps output_throughput_tps total_throughput_tps num_computed_tokens num_padding_tokens "
+    "padding_waste kv_peak_utilization kv_mean_utilization busy_s"
+).split() + [f"{m}_{s}" for m in ("ttft_s", "tpot_s", "itl_s", "e2e_s") for s in ("mean", "p50", "p90", "p99")]
+
+SMALL = ["workload=synthetic", "workload.num_requests=6", "workload.prompt.low=4", "workload.prompt.high=40",
+         "workload.output.low=2", "workload.output.high=12", "progress=false", "concurrency=4"]
+
+
+def config(*overrides: str):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=[*SMALL, *overrides])
+
+
+@pytest.mark.parametrize("strategy", ["static", "dynamic", "continuous"])
+def test_a_run_writes_its_tables_summary_and_report(strategy, tmp_path):
+    summary = run_job(config(f"strategy={strategy}", "save_tokens=true"), tmp_path)
+    assert set(SUMMARY_KEYS) <= set(summary)
+    assert summary["num_finished"] == 6 and summary["num_rejected"] == 0
+    assert (summary["padding_waste"] == 0) == (strategy == "continuous")
+    assert json.loads((tmp_path / "summary.json").read_text()) == summary
+    requests = pd.read_csv(tmp_path / "requests.csv")
+    assert sorted(requests.request_id) == list(range(6))
+    steps = pd.read_csv(tmp_path / "steps.csv")
+    assert steps.num_padding_tokens.sum() == summary["num_padding_tokens"]
+    assert (steps.num_prefill_tokens + steps.num_decode_tokens).sum() == (
+        requests.prompt_len + requests.num_output_tokens - 1).sum()
+    tokens = [json.loads(line) for line in (tmp_path / "tokens.jsonl").read_text().splitlines()]
+    assert [len(t["output_ids"]) for t in sorted(tokens, key=lambda t: t["request_id"])] == list(
+        requests.sort_values("request_id").max_new_tokens)
+    assert "padding" in (tmp_path / "report.md").read_text()
+    assert "max_num_seqs" in (tmp_path / "config.yaml").read_text() or strategy != "continuous"
+
+
+def test_a_request_longer_than_the_context_is_rejected_and_the_rest_run(tmp_path):
+    summary = run_job(config("workload.prompt.low=900", "workload.prompt.high=3000", "workload.prompt.max=3000"),
+                      tmp_path)
+    requests = pd.read_csv(tmp_path / "requests.csv")
+    rejected = requests[requests.status == "rejected"]
+    assert len(rejected) >= 1 and rejected.reject_reason.str.contains("context of 2048").all()
+    assert summary["num_finished"] + summary["num_rejected"] == 6
+
+
+@pytest.mark.parametrize("override,message", [
+    ("device=tpu", "device must be one of"),
+    ("dtype=float8", "dtype must be one of"),
+    ("kv_cache.block_size=0", "kv_cache.block_size must be a positive integer"),
+    ("kv_cache.num_blocks=3", "cannot hold one block for each of the 4 requests"),
+    ("strategy.order=random", "strategy.order must be one of"),
+    ("strategy.max_batch_tokens=-5", "strategy.max_batch_tokens must be a positive integer"),
+])
+def test_bad_config_values_fail_before_any_work_naming_the_value(override, message, tmp_path):
+    with pytest.raises(ConfigError, match=message):
+        run_job(config(override), tmp_path)
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_the_command_line_runs_and_reports_errors_in_one_line(tmp_path):
+    run = [sys.executable, "-m", "harness", *SMALL, "workload.num_requests=3"]
+    ok = subprocess.run([*run, "strategy=dynamic", f"hydra.run.dir={tmp_path / 'ok'}"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert "output throughput" in ok.stdout
+    assert json.loads((tmp_path / "ok" / "summary.json").read_text())["num_finished"] == 3
+    bad = subprocess.run([*run, "kv_cache.num_blocks=2", f"hydra.run.dir={tmp_path / 'bad'}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0
+    assert "error: kv_cache.num_blocks=2 cannot hold" in bad.stderr
+    assert json.loads((tmp_path / "bad" / "status.json").read_text())["status"] == "failed"
+
+
+def test_transformers_never_mistakes_our_kernels_package_for_the_hub_one():
+    import kernels  # noqa: F401  (ours, importable)
+    from transformers.utils import is_kernels_available
+
+    assert not is_kernels_available()

@@ -1,0 +1,84 @@
+"""The correctness oracle: every strategy's greedy tokens equal transformers' `generate()` per request."""
+
+import pytest
+import torch
+
+from harness.runners import attention
+from kernels import reference
+from strategies import RequestStatus
+from tests.conftest import make_specs, run_engine
+
+# Awkward on purpose: prompts of 1 token and longer than the token budget, outputs of 1 token, mixed lengths.
+LENGTHS = [(11, 6), (1, 5), (23, 3), (5, 1), (17, 9), (8, 4)]
+
+SETTINGS = {
+    "static-b3-bs3": ("static", dict(block_size=3, batch_size=3)),
+    "static-b1-bs1": ("static", dict(block_size=1, batch_size=1)),
+    "dynamic-b3-bs1": ("dynamic", dict(block_size=1, batch_size=3)),
+    "dynamic-b4-bs3": ("dynamic", dict(block_size=3, batch_size=4)),
+    "continuous-chunked-bs3": ("continuous", dict(block_size=3, max_batch_tokens=7, max_num_seqs=4)),
+    "continuous-bs1": ("continuous", dict(block_size=1, max_batch_tokens=64, max_num_seqs=6)),
+    "continuous-prefill-first": ("continuous", dict(block_size=3, max_batch_tokens=10, max_num_seqs=3,
+                                                    order="prefill_first", max_prefill_chunk=4)),
+    # 12 blocks of 3 slots hold 36 tokens; six requests want ~90: preemption by recompute must kick in.
+    "continuous-preempting": ("continuous", dict(block_size=3, num_blocks=12, max_batch_tokens=32, max_num_seqs=6)),
+}
+
+_generated: dict = {}
+
+
+def generate(model, spec):
+    """`generate()` on one request alone: (tokens, per-token logits)."""
+    key = (spec.prompt_ids, spec.max_new_tokens)
+    if key not in _generated:
+        out = model.generate(torch.tensor([spec.prompt_ids]), max_new_tokens=spec.max_new_tokens, do_sample=False,
+                             eos_token_id=None, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+        tokens = out.sequences[0, len(spec.prompt_ids):].tolist()
+        _generated[key] = (tokens, torch.stack([step[0] for step in out.logits]))
+    return _generated[key]
+
+
+def assert_matches_generate(records, engine, reference_model, specs):
+    assert len(records.requests) == len(specs)
+    for request, spec in zip(sorted(records.requests, key=lambda r: r.request_id), specs):
+        tokens, logits = generate(reference_model, spec)
+        assert request.status == RequestStatus.FINISHED
+        assert request.output_ids == tokens, f"request {spec.request_id}"
+        if engine.logits:
+            ours = torch.stack(engine.logits[spec.request_id])  # [max_new_tokens, V]
+            torch.testing.assert_close(ours, logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("setting", SETTINGS)
+def test_every_strategy_matches_generate(setting, runner_model, reference_model):
+    strategy, options = SETTINGS[setting]
+    specs = make_specs(LENGTHS)
+    records, engine, allocator = run_engine(runner_model, specs, strategy, keep_logits=True, **options)
+    assert_matches_generate(records, engine, reference_model, specs)
+    assert allocator.num_used_blocks == 0
+    if setting == "continuous-preempting":
+        assert sum(r.num_preemptions for r in records.requests) > 0
+
+
+def test_staggered_arrivals_match_generate(runner_model, reference_model):
+    specs = make_specs(LENGTHS, arrivals=[0.0, 0.0, 0.01, 0.02, 0.5, 0.5])
+    for strategy, options in (("dynamic", dict(batch_size=2)), ("continuous", dict(max_batch_tokens=9,
+                                                                                    max_num_seqs=3))):
+        records, engine, _ = run_engine(runner_model, specs, strategy, block_size=3, **options)
+        assert_matches_generate(records, engine, reference_model, specs)
+
+
+def test_oracle_catches_attention_leaking_across_requests(runner_model, reference_model, monkeypatch):
+    """Prove the oracle can fail: attention that also reads the previous sequence's blocks must be caught."""
+    honest = reference.ragged_paged_attention_ref
+
+    def leaky(q, k_cache, v_cache, cu_seqlens_q, seq_lens_k, block_table, scale):
+        # Sequence i attends through sequence i-1's block table: a wrong-block read.
+        shifted = torch.roll(block_table, shifts=1, dims=0).clamp(min=0)
+        return honest(q, k_cache, v_cache, cu_seqlens_q, seq_lens_k, shifted, scale)
+
+    monkeypatch.setattr(attention, "ragged_paged_attention_ref", leaky)
+    specs = make_specs(LENGTHS)
+    records, engine, _ = run_engine(runner_model, specs, "continuous", max_batch_tokens=64, max_num_seqs=6)
+    with pytest.raises(AssertionError):
+        assert_matches_generate(records, engine, reference_model, specs)

@@ -1,0 +1,111 @@
+"""Scheduling invariants, checked without a model: padding accounting, budgets, preemption, no leaks."""
+
+from collections import deque
+
+import pytest
+
+from harness.kv_cache import BlockAllocator
+from strategies import ContinuousBatching, DynamicBatching, Request, RequestStatus
+from tests.conftest import make_specs, run_schedule
+
+
+def decoding_request(request_id: int, prompt_len: int, num_output: int, max_new: int = 100) -> Request:
+    """A request mid-decode: prompt and all outputs but the last computed."""
+    request = Request(request_id=request_id, arrival_s=0.0, token_ids=[1] * (prompt_len + num_output),
+                      num_prompt_tokens=prompt_len, max_new_tokens=max_new, status=RequestStatus.DECODING)
+    request.num_computed_tokens = request.num_tokens - 1
+    return request
+
+
+def test_dynamic_insertion_costs_the_blogs_693_pads():
+    """Inserting a 100-token prompt into 8 rows (7 decoding) costs (100 - 1) * (8 - 1) = 693 padding tokens."""
+    allocator = BlockAllocator(num_blocks=1024, block_size=16)
+    strategy = DynamicBatching(allocator, batch_size=8)
+    running = [decoding_request(i, prompt_len=20, num_output=3) for i in range(7)]
+    for r in running:
+        allocator.allocate(r.request_id, r.max_num_tokens)
+    newcomer = Request(request_id=99, arrival_s=0.0, token_ids=[1] * 100, num_prompt_tokens=100, max_new_tokens=10)
+    plan = strategy.schedule(deque([newcomer]), running)
+    assert (plan.num_rows, plan.row_width) == (8, 100)
+    assert plan.num_padding_tokens == 693
+    assert plan.num_scheduled_tokens == 107
+
+
+def test_continuous_computes_no_padding_and_respects_the_budget():
+    specs = make_specs([(40, 5), (3, 9), (70, 2), (12, 12), (25, 4)] * 3)
+    records, runner, allocator = run_schedule(specs, "continuous", max_batch_tokens=32, max_num_seqs=4)
+    assert all(not p.padded and p.num_padding_tokens == 0 for p in runner.plans)
+    assert all(p.num_scheduled_tokens <= 32 for p in runner.plans)
+    assert all(len(p.chunks) <= 4 for p in runner.plans)
+    assert max(p.num_scheduled_tokens for p in runner.plans) == 32  # a prompt over budget was chunked to fit
+    assert all(r.status == RequestStatus.FINISHED for r in records.requests)
+    assert allocator.num_used_blocks == 0
+
+
+def test_continuous_schedules_decodes_before_prefill():
+    allocator = BlockAllocator(num_blocks=64, block_size=4)
+    strategy = ContinuousBatching(allocator, max_batch_tokens=6, max_num_seqs=8)
+    running = [decoding_request(i, prompt_len=5, num_output=2) for i in range(4)]
+    for r in running:
+        allocator.allocate(r.request_id, r.num_computed_tokens)
+    waiting = deque([Request(request_id=9, arrival_s=0.0, token_ids=[1] * 50, num_prompt_tokens=50,
+                             max_new_tokens=3)])
+    plan = strategy.schedule(waiting, running)
+    assert [c.num_tokens for c in plan.chunks] == [1, 1, 1, 1, 2]  # every decode, then a 2-token prefill chunk
+    assert plan.chunks[-1].request.request_id == 9
+
+
+def test_static_padding_is_idle_rows_plus_left_padding():
+    lengths = [(10, 3), (4, 8), (7, 5)]
+    records, runner, _ = run_schedule(make_specs(lengths), "static", batch_size=3)
+    longest_prompt, longest_output = max(p for p, _ in lengths), max(n for _, n in lengths)
+    left_padding = sum(longest_prompt - p for p, _ in lengths)
+    # Decode steps: longest_output - 1 of them, each with one row per request already done.
+    idle_rows = sum(sum(1 for _, n in lengths if n <= step) for step in range(1, longest_output))
+    assert sum(p.num_padding_tokens for p in runner.plans) == left_padding + idle_rows
+    assert len(runner.plans) == longest_output
+
+
+def test_static_holds_the_rectangle_until_the_batch_drains():
+    records, runner, allocator = run_schedule(make_specs([(10, 2), (4, 9)]), "static", block_size=1, batch_size=2)
+    used = [s.kv_used_blocks for s in records.steps]
+    assert used == [2 * (10 + 9 - 1)] * len(used)  # [B, L + max_new - 1] slots for every step
+    assert allocator.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("strategy,options", [("static", dict(batch_size=4)), ("dynamic", dict(batch_size=4)),
+                                              ("continuous", dict(max_batch_tokens=16, max_num_seqs=4))])
+def test_small_cache_never_drops_a_request(strategy, options):
+    specs = make_specs([(30, 20), (8, 40), (25, 10), (5, 5), (40, 30), (12, 12)])
+    records, _, allocator = run_schedule(specs, strategy, block_size=4, num_blocks=20, **options)
+    assert sorted(r.request_id for r in records.requests) == list(range(len(specs)))
+    assert all(r.status == RequestStatus.FINISHED for r in records.requests)
+    assert all(r.num_output_tokens == r.max_new_tokens for r in records.requests)
+    assert allocator.num_used_blocks == 0
+
+
+def test_continuous_preempts_the_newest_and_finishes_everyone():
+    specs = make_specs([(20, 30)] * 4)
+    records, runner, _ = run_schedule(specs, "continuous", block_size=4, num_blocks=30, max_batch_tokens=64,
+                                      max_num_seqs=4)
+    first_preempted = next(p.preempted for p in runner.plans if p.preempted)
+    assert first_preempted[0].request_id == 3  # newest first
+    assert all(r.status == RequestStatus.FINISHED for r in records.requests)
+
+
+def test_unservable_requests_are_rejected_with_a_reason_and_the_rest_run():
+    specs = make_specs([(10, 5), (60, 10), (8, 4), (30, 30)])
+    records, _, _ = run_schedule(specs, "continuous", block_size=4, num_blocks=10, max_model_len=64,
+                                 max_batch_tokens=32, max_num_seqs=4)
+    by_id = {r.request_id: r for r in records.requests}
+    assert by_id[1].status == RequestStatus.REJECTED and "context of 64" in by_id[1].reject_reason
+    assert by_id[3].status == RequestStatus.REJECTED and "KV blocks" in by_id[3].reject_reason
+    assert by_id[0].status == by_id[2].status == RequestStatus.FINISHED
+
+
+def test_idle_engine_jumps_to_the_next_arrival():
+    specs = make_specs([(4, 2), (4, 2)], arrivals=[0.0, 10.0])
+    records, _, _ = run_schedule(specs, "continuous", max_batch_tokens=16, max_num_seqs=2)
+    late = records.requests[1]
+    assert late.token_times_s[0] == pytest.approx(10.0 + 0.01)  # one 10 ms step after it arrived
+    assert records.steps[-1].start_s >= 10.0

@@ -1,0 +1,48 @@
+"""The one currency between workloads and the engine: `RequestSpec`."""
+
+from dataclasses import dataclass, field
+
+
+class WorkloadError(ValueError):
+    """Bad workload input: the message names the source, the entry and the problem."""
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    request_id: int
+    arrival_s: float
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+
+@dataclass
+class Workload:
+    """A replayable workload plus what a reader of the results needs to know about where it came from."""
+
+    name: str
+    requests: list[RequestSpec]
+    # Free-form provenance ("ShareGPT length profile, not the real data set", counts of dropped entries...).
+    info: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.requests:
+            raise WorkloadError(f"workload {self.name!r}: zero requests")
+        ids = [r.request_id for r in self.requests]
+        if len(set(ids)) != len(ids):
+            raise WorkloadError(f"workload {self.name!r}: duplicate request ids")
+        for prev, cur in zip(self.requests, self.requests[1:]):
+            if cur.arrival_s < prev.arrival_s:
+                raise WorkloadError(
+                    f"workload {self.name!r}: request {cur.request_id} arrives at {cur.arrival_s}s, "
+                    f"before request {prev.request_id} at {prev.arrival_s}s (arrivals must be time-ordered)"
+                )
+        for r in self.requests:
+            if r.prompt_len < 1 or r.max_new_tokens < 1 or r.arrival_s < 0:
+                raise WorkloadError(
+                    f"workload {self.name!r}: request {r.request_id} has prompt_len={r.prompt_len}, "
+                    f"max_new_tokens={r.max_new_tokens}, arrival_s={r.arrival_s}; all must be positive"
+                )
