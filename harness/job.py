@@ -5,6 +5,7 @@ import logging
 import platform
 from pathlib import Path
 
+import pandas as pd
 import torch
 import transformers
 from omegaconf import DictConfig, OmegaConf
@@ -65,22 +66,19 @@ def run_job(cfg: DictConfig, run_dir: Path) -> dict:
 
     labels = {"strategy": strategy.name, "workload": workload.name, "runner": cfg.runner.name,
               "model": cfg.model.name, "workload_source": workload.info.get("source", "")}
-    summary = metrics.summarize(*_tables(records, allocator), metrics.inter_token_latencies(records), labels)
+    requests = metrics.requests_table(records)
+    steps = metrics.steps_table(records, allocator.num_blocks)
+    summary = metrics.summarize(requests, steps, metrics.inter_token_latencies(records), labels)
     summary |= {"device": str(device), "dtype": str(dtype).removeprefix("torch."), "torch": torch.__version__,
                 "transformers": transformers.__version__, "python": platform.python_version()}
-    _write(run_dir, cfg, records, allocator, summary, workload.info, bool(cfg.save_tokens))
+    _write(run_dir, cfg, records, requests, steps, summary, workload.info, bool(cfg.save_tokens))
     print(terminal_table(summary))
     print(f"results: {run_dir}")
     return summary
 
 
-def _tables(records: RunRecords, allocator: BlockAllocator):
-    return metrics.requests_table(records), metrics.steps_table(records, allocator.num_blocks)
-
-
-def _write(run_dir: Path, cfg: DictConfig, records: RunRecords, allocator: BlockAllocator, summary: dict,
-           workload_info: dict, save_tokens: bool) -> None:
-    requests, steps = _tables(records, allocator)
+def _write(run_dir: Path, cfg: DictConfig, records: RunRecords, requests: pd.DataFrame, steps: pd.DataFrame,
+           summary: dict, workload_info: dict, save_tokens: bool) -> None:
     write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     write_csv(run_dir / "requests.csv", requests)
     write_csv(run_dir / "steps.csv", steps)

@@ -85,7 +85,8 @@ def test_the_command_line_runs_and_reports_errors_in_one_line(tmp_path):
 
 
 def test_transformers_never_mistakes_our_kernels_package_for_the_hub_one():
-    import kernels  # noqa: F401  (ours, importable)
     from transformers.utils import is_kernels_available
+
+    import kernels  # noqa: F401  (ours, importable)
 
     assert not is_kernels_available()
