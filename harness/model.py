@@ -1,7 +1,7 @@
 """The model: the built-in `tiny-llama` (seeded random weights, offline) or any transformers causal LM."""
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -35,3 +35,12 @@ def load_model(model_cfg, device: torch.device, dtype: torch.dtype):
                                                      trust_remote_code=bool(model_cfg.trust_remote_code))
         tokenizer = AutoTokenizer.from_pretrained(model_cfg.name, trust_remote_code=bool(model_cfg.trust_remote_code))
     return model.to(device=device, dtype=dtype).eval(), tokenizer
+
+
+def load_vocabulary(model_cfg):
+    """(vocab_size, tokenizer or None) without loading weights: enough to build a workload for the model."""
+    if model_cfg.source == "tiny":
+        return int(model_cfg.config.vocab_size), None
+    remote = bool(model_cfg.trust_remote_code)
+    config = AutoConfig.from_pretrained(model_cfg.name, trust_remote_code=remote)
+    return config.vocab_size, AutoTokenizer.from_pretrained(model_cfg.name, trust_remote_code=remote)

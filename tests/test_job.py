@@ -90,3 +90,18 @@ def test_transformers_never_mistakes_our_kernels_package_for_the_hub_one():
     import kernels  # noqa: F401  (ours, importable)
 
     assert not is_kernels_available()
+
+
+@pytest.mark.parametrize("source,path", [
+    ("sharegpt", "sharegpt_small.json"), ("azure", "azure_small.csv"), ("burstgpt", "burstgpt_small.csv"),
+    ("mooncake", "mooncake_small.jsonl"),
+])
+def test_every_source_runs_end_to_end(source, path, tmp_path):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "strategy=continuous", f"workload={source}", f"workload.path={ROOT / 'tests' / 'fixtures' / path}",
+            "workload.num_requests=5", "workload.max_prompt_len=48", "workload.max_output_len=6", "progress=false",
+        ])
+    summary = run_job(cfg, tmp_path)
+    assert summary["num_finished"] + summary["num_rejected"] == summary["num_requests"] >= 3
+    assert summary["workload"] == source

@@ -1,11 +1,16 @@
 """Workload sources: determinism, the embedded profile's labelling, ShareGPT sampling and its clear errors."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
+from harness.inspect import workload_stats
 from tests.conftest import ROOT, SHARED_DATA
 from workloads import WorkloadError, build_workload
 from workloads.arrivals import arrival_times
@@ -90,3 +95,114 @@ def test_profile_file_is_lengths_only():
     profile = json.loads((ROOT / "workloads" / "profiles" / "sharegpt.json").read_text())
     assert set(profile) == {"provenance", "prompt", "output"}
     assert all(isinstance(v, int) for v in profile["prompt"]["values"])
+
+
+def trace_cfg(name: str, **overrides):
+    return workload_cfg(name, path=str(ROOT / "tests" / "fixtures" / f"{name}_small.{FIXTURE_EXT[name]}"),
+                        **overrides)
+
+
+FIXTURE_EXT = {"azure": "csv", "burstgpt": "csv", "mooncake": "jsonl"}
+
+
+@pytest.mark.parametrize("name,count", [("azure", 12), ("burstgpt", 11), ("mooncake", 6)])
+def test_traces_replay_their_own_timestamps(name, count):
+    workload = build_workload(trace_cfg(name), vocab_size=1000)
+    assert len(workload.requests) == count
+    times = np.array([r.arrival_s for r in workload.requests])
+    assert times[0] == 0.0 and (np.diff(times) >= 0).all() and times[-1] > 0
+    faster = build_workload(trace_cfg(name, time_scale=0.5), vocab_size=1000)
+    assert [r.arrival_s for r in faster.requests] == pytest.approx(list(times * 0.5))
+
+
+def test_burstgpt_drops_failed_rows_and_filters_by_model():
+    workload = build_workload(trace_cfg("burstgpt"), vocab_size=1000)
+    assert workload.info["dropped"] == {"zero request or response tokens": 1}
+    gpt4 = build_workload(trace_cfg("burstgpt", model="GPT-4"), vocab_size=1000)
+    assert len(gpt4.requests) == 4
+    with pytest.raises(WorkloadError, match="zero requests after the model filter 'Claude'"):
+        build_workload(trace_cfg("burstgpt", model="Claude"), vocab_size=1000)
+
+
+def test_mooncake_hash_ids_give_shared_prefixes():
+    requests = build_workload(trace_cfg("mooncake"), vocab_size=1000).requests
+    assert [r.prompt_len for r in requests] == [700, 300, 1100, 520, 60, 1030]
+    assert requests[0].prompt_ids[:700] == requests[2].prompt_ids[:700]  # hash ids [0, 1] in both
+    assert requests[2].prompt_ids[:1024] == requests[5].prompt_ids[:1024]
+    assert requests[2].prompt_ids[1024:1030] != requests[5].prompt_ids[1024:1030]  # block 2 vs block 12
+    assert requests[1].prompt_ids[:300] != requests[0].prompt_ids[:300]
+
+
+def test_trace_sampling_and_clamps():
+    first = build_workload(trace_cfg("azure", num_requests=4), vocab_size=1000).requests
+    sampled = build_workload(trace_cfg("azure", num_requests=4, sample="random"), vocab_size=1000).requests
+    assert len(first) == len(sampled) == 4 and first != sampled
+    assert all(np.diff([r.arrival_s for r in sampled]) >= 0)
+    clamped = build_workload(trace_cfg("azure", max_prompt_len=50, max_output_len=10), vocab_size=1000).requests
+    assert max(r.prompt_len for r in clamped) == 50 and max(r.max_new_tokens for r in clamped) == 10
+
+
+@pytest.mark.parametrize("name,content,message", [
+    ("azure", "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46,3\n", r"lacks column\(s\) \['GeneratedTokens'\]"),
+    ("azure", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,x\n",
+     "data row 1: GeneratedTokens = x is not an integer"),
+    ("azure", "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,3,4\n", "data row 1: TIMESTAMP 'yesterday'"),
+    ("azure", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,4\n2023-11-16 18:15:40,3,4\n",
+     "data row 2: timestamp goes back in time"),
+    ("burstgpt", "Timestamp,Model,Request tokens,Response tokens\n1,ChatGPT,-4,5\n",
+     "data row 1: Request tokens = -4 is not an integer >= 0"),
+    ("burstgpt", "Timestamp,Model,Request tokens,Response tokens\n", "zero requests"),
+    ("mooncake", '{"timestamp": 0, "input_length": 5}\n', "line 1: expected a JSON object"),
+    ("mooncake", '{"timestamp": 5, "input_length": 5, "output_length": 1}\n'
+                 '{"timestamp": 1, "input_length": 5, "output_length": 1}\n', "timestamp goes back in time"),
+    ("mooncake", '{"timestamp": 0, "input_length": 0, "output_length": 1}\n', "must be positive"),
+])
+def test_bad_traces_get_one_clear_error_naming_file_and_row(tmp_path, name, content, message):
+    path = tmp_path / f"bad.{FIXTURE_EXT[name]}"
+    path.write_text(content)
+    with pytest.raises(WorkloadError, match=message) as error:
+        build_workload(workload_cfg(name, path=str(path)), vocab_size=100)
+    assert str(path) in str(error.value)
+
+
+def test_trace_arrivals_need_timestamps():
+    with pytest.raises(WorkloadError, match="arrival=trace needs a source with timestamps"):
+        build_workload(workload_cfg("synthetic", arrival="trace"), vocab_size=100)
+    with pytest.raises(WorkloadError, match="needs workload.path"):
+        build_workload(workload_cfg("azure"), vocab_size=100)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 60),
+       dist=st.sampled_from(["uniform", "normal", "lognormal", "exponential"]),
+       arrival=st.sampled_from(["offline", "poisson", "gamma", "constant"]),
+       low=st.integers(1, 50), span=st.integers(0, 300))
+def test_any_synthetic_workload_is_ordered_clamped_and_deterministic(seed, n, dist, arrival, low, span):
+    spec = {"dist": dist, "low": low, "high": low + span, "mean": low + span / 2, "std": span / 4 + 1,
+            "sigma": 0.8, "min": low, "max": low + span}
+    cfg = workload_cfg("synthetic", seed=seed, num_requests=n, arrival=arrival, rate=3.0, burstiness=0.5,
+                       prompt=spec, output=spec)
+    a, b = build_workload(cfg, vocab_size=500), build_workload(cfg, vocab_size=500)
+    assert a.requests == b.requests and len(a.requests) == n
+    times = [r.arrival_s for r in a.requests]
+    assert times == sorted(times)
+    assert all(low <= r.prompt_len <= low + span and low <= r.max_new_tokens <= low + span for r in a.requests)
+
+
+def test_inspect_prints_statistics_and_saves_a_png(tmp_path):
+    out = tmp_path / "w.png"
+    result = subprocess.run([sys.executable, "-m", "harness.inspect", "workload=synthetic", "workload.arrival=constant",
+                             "workload.rate=2", "workload.num_requests=11", "--out", str(out)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "arrival rate req/s" in result.stdout and "2.000" in result.stdout
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_workload_stats_of_a_known_workload():
+    workload = build_workload(workload_cfg("synthetic", num_requests=5, arrival="constant", rate=4.0,
+                                           prompt={"dist": "fixed", "value": 10},
+                                           output={"dist": "fixed", "value": 3}), vocab_size=50)
+    stats = workload_stats(workload)
+    assert stats["prompt tokens"] == 50 and stats["output p99"] == 3
+    assert stats["arrival rate req/s"] == pytest.approx(4.0) and stats["inter-arrival CV"] == pytest.approx(0.0)
