@@ -1,6 +1,5 @@
 """`python -m harness strategy=... workload=...`: one run (or, with -m, a Hydra sweep of runs)."""
 
-import logging
 import sys
 from pathlib import Path
 
@@ -13,8 +12,6 @@ from harness.job import run_job
 from harness.results import write_json
 from workloads import WorkloadError
 
-log = logging.getLogger("harness")
-
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
@@ -23,7 +20,6 @@ def main(cfg: DictConfig) -> None:
         run_job(cfg, run_dir)
     except (ConfigError, WorkloadError) as e:
         write_json(run_dir / "status.json", {"status": "failed", "error": str(e)})
-        log.error("%s", e)
         sys.exit(f"error: {e}")
     write_json(run_dir / "status.json", {"status": "finished"})
 

@@ -4,6 +4,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from harness.model import DTYPES
+from kernels import BACKENDS
 from strategies import STRATEGIES
 
 POSITIVE_INTS = ("kv_cache.block_size", "kv_cache.num_blocks", "workload.num_requests", "strategy.batch_size",
@@ -13,6 +14,7 @@ CHOICES = {
     "dtype": ("auto", *DTYPES),
     "strategy.name": tuple(STRATEGIES),
     "runner.name": ("real",),
+    "kernel_backend": BACKENDS,
 }
 
 

@@ -55,7 +55,7 @@ def run_job(cfg: DictConfig, run_dir: Path) -> dict:
     if allocator.num_blocks < strategy.max_concurrency:
         raise ConfigError(f"kv_cache.num_blocks={allocator.num_blocks} cannot hold one block for each of the "
                           f"{strategy.max_concurrency} requests {strategy.name} may run at once")
-    runner = RealRunner(model, allocator)
+    runner = RealRunner(model, allocator, kernel_backend=cfg.kernel_backend)
     warm_up(runner, allocator)
     eos = model.config.eos_token_id if cfg.stop_at_eos else None
     engine = Engine(strategy, runner, allocator, max_model_len=model.config.max_position_embeddings,

@@ -48,9 +48,10 @@ def make_specs(lengths: list[tuple[int, int]], vocab_size: int = 8192, seed: int
 
 
 def run_engine(model, specs, strategy: str, block_size: int = 4, num_blocks: int = 256, keep_logits=False,
-               max_model_len: int = 2048, **options):
+               max_model_len: int = 2048, kernel_backend: str = "auto", **options):
     allocator = BlockAllocator(num_blocks, block_size)
-    engine = Engine(STRATEGIES[strategy](allocator, **options), RealRunner(model, allocator, keep_logits),
+    runner = RealRunner(model, allocator, keep_logits, kernel_backend)
+    engine = Engine(STRATEGIES[strategy](allocator, **options), runner,
                     allocator, max_model_len=max_model_len)
     return engine.run(specs), engine, allocator
 

@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from harness.runners import attention
-from kernels import reference
 from strategies import RequestStatus
 from tests.conftest import make_specs, run_engine
 
@@ -70,15 +69,23 @@ def test_staggered_arrivals_match_generate(runner_model, reference_model):
 
 def test_oracle_catches_attention_leaking_across_requests(runner_model, reference_model, monkeypatch):
     """Prove the oracle can fail: attention that also reads the previous sequence's blocks must be caught."""
-    honest = reference.ragged_paged_attention_ref
+    honest = attention.ragged_paged_attention
 
-    def leaky(q, k_cache, v_cache, cu_seqlens_q, seq_lens_k, block_table, scale):
+    def leaky(q, k_cache, v_cache, cu_seqlens_q, seq_lens_k, block_table, *args):
         # Sequence i attends through sequence i-1's block table: a wrong-block read.
         shifted = torch.roll(block_table, shifts=1, dims=0).clamp(min=0)
-        return honest(q, k_cache, v_cache, cu_seqlens_q, seq_lens_k, shifted, scale)
+        return honest(q, k_cache, v_cache, cu_seqlens_q, seq_lens_k, shifted, *args)
 
-    monkeypatch.setattr(attention, "ragged_paged_attention_ref", leaky)
+    monkeypatch.setattr(attention, "ragged_paged_attention", leaky)
     specs = make_specs(LENGTHS)
     records, engine, _ = run_engine(runner_model, specs, "continuous", max_batch_tokens=64, max_num_seqs=6)
     with pytest.raises(AssertionError):
         assert_matches_generate(records, engine, reference_model, specs)
+
+
+def test_the_runner_on_the_triton_kernels_matches_generate(runner_model, reference_model):
+    """The runner's Triton path end to end (interpreted on CPU): a mixed batch of chunked prefills and decodes."""
+    specs = make_specs([(9, 3), (4, 4), (14, 2)])
+    records, engine, _ = run_engine(runner_model, specs, "continuous", block_size=4, keep_logits=True,
+                                    kernel_backend="triton", max_batch_tokens=12, max_num_seqs=3)
+    assert_matches_generate(records, engine, reference_model, specs)

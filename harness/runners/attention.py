@@ -10,7 +10,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from kernels import padded_paged_attention, ragged_paged_attention_ref, store_kv_ref
+from kernels import padded_paged_attention, ragged_paged_attention, store_kv
 
 ATTENTION_NAME = "batchlab_paged"
 
@@ -22,7 +22,9 @@ class BatchMeta:
     seq_lens_k: torch.Tensor  # [S] cached tokens each sequence attends to, this step's included
     block_table: torch.Tensor  # [S, max_blocks], -1 padded
     padded: bool
+    backend: str = "auto"  # kernels: auto (Triton on CUDA, torch on CPU) | triton | torch
     cu_seqlens_q: torch.Tensor | None = None  # ragged: [S + 1]
+    max_seqlen_q: int = 0  # ragged: longest chunk, known on the host so the kernel launch needs no sync
     query_lens: torch.Tensor | None = None  # padded: [B] real (right-aligned) tokens per row
 
 
@@ -33,13 +35,14 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
     # [B, H, L, D] → [B * L, H, D]: one token per row, in the order the slot mapping lists them.
     key_tokens = key.transpose(1, 2).flatten(0, 1)
     value_tokens = value.transpose(1, 2).flatten(0, 1)
-    store_kv_ref(key_tokens, value_tokens, k_cache, v_cache, batch_meta.slot_mapping)
+    store_kv(key_tokens, value_tokens, k_cache, v_cache, batch_meta.slot_mapping, batch_meta.backend)
     if batch_meta.padded:
         out = padded_paged_attention(query, k_cache, v_cache, batch_meta.query_lens, batch_meta.seq_lens_k,
                                      batch_meta.block_table, scaling)
         return out, None
-    out = ragged_paged_attention_ref(query[0].transpose(0, 1), k_cache, v_cache, batch_meta.cu_seqlens_q,
-                                     batch_meta.seq_lens_k, batch_meta.block_table, scaling)  # [T, H_q, D]
+    out = ragged_paged_attention(query[0].transpose(0, 1), k_cache, v_cache, batch_meta.cu_seqlens_q,
+                                 batch_meta.seq_lens_k, batch_meta.block_table, scaling, batch_meta.backend,
+                                 batch_meta.max_seqlen_q)  # [T, H_q, D]
     return out.unsqueeze(0), None
 
 

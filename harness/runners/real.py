@@ -16,7 +16,7 @@ class RealRunner:
 
     measures_wall_time = True
 
-    def __init__(self, model, allocator: BlockAllocator, keep_logits: bool = False):
+    def __init__(self, model, allocator: BlockAllocator, keep_logits: bool = False, kernel_backend: str = "auto"):
         config = model.config
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         param = next(model.parameters())
@@ -24,6 +24,7 @@ class RealRunner:
         self.model = model
         self.allocator = allocator
         self.keep_logits = keep_logits
+        self.kernel_backend = kernel_backend
         self.pad_token_id = config.pad_token_id if config.pad_token_id is not None else 0
         shape = (allocator.num_blocks, allocator.block_size, config.num_key_value_heads, head_dim)
         self.kv_caches = [
@@ -64,7 +65,8 @@ class RealRunner:
                 sampling_rows.append(i)
         meta = BatchMeta(kv_caches=self.kv_caches, slot_mapping=self._tensor(slots),
                          seq_lens_k=self._tensor(seq_lens_k), block_table=self._block_table(tables), padded=False,
-                         cu_seqlens_q=self._tensor(cu_seqlens))
+                         backend=self.kernel_backend, cu_seqlens_q=self._tensor(cu_seqlens),
+                         max_seqlen_q=max(c.num_tokens for c in plan.chunks))
         return self._tensor([ids]), self._tensor([positions]), meta, self._tensor(keep), sampling_rows
 
     def _padded_inputs(self, plan: BatchPlan):
@@ -84,7 +86,7 @@ class RealRunner:
                 sampling_rows.append(b)
         meta = BatchMeta(kv_caches=self.kv_caches, slot_mapping=slots.flatten().to(self.device),
                          seq_lens_k=self._tensor(seq_lens_k), block_table=self._block_table(tables), padded=True,
-                         query_lens=self._tensor(query_lens))
+                         backend=self.kernel_backend, query_lens=self._tensor(query_lens))
         keep = self._tensor([width - 1])
         return ids.to(self.device), positions.to(self.device), meta, keep, sampling_rows
 
