@@ -1,19 +1,27 @@
 """Checks a resolved config before any work starts: one clear error naming the key and the value."""
 
+from pathlib import Path
+
 import torch
+from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-from harness.model import DTYPES
+from harness.model import DTYPES, SOURCES
+from harness.router import ROUTERS
 from kernels import BACKENDS
 from strategies import STRATEGIES
 
-POSITIVE_INTS = ("kv_cache.block_size", "kv_cache.num_blocks", "workload.num_requests", "strategy.batch_size",
-                 "strategy.max_batch_tokens", "strategy.max_num_seqs", "strategy.max_prefill_chunk")
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+POSITIVE_INTS = ("kv_cache.block_size", "workload.num_requests", "strategy.batch_size",
+                 "strategy.max_batch_tokens", "strategy.max_num_seqs", "strategy.max_prefill_chunk",
+                 "runner.replicas")
 CHOICES = {
     "device": ("auto", "cpu", "cuda"),
     "dtype": ("auto", *DTYPES),
     "strategy.name": tuple(STRATEGIES),
-    "runner.name": ("real",),
+    "runner.name": ("real", "sim"),
+    "runner.router": tuple(ROUTERS),
+    "model.source": SOURCES,
     "kernel_backend": BACKENDS,
 }
 
@@ -33,6 +41,13 @@ def validate(cfg: DictConfig) -> None:
             continue
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{key} must be a positive integer; got {value!r}")
+    blocks = cfg.kv_cache.num_blocks
+    if blocks != "auto" and (not isinstance(blocks, int) or isinstance(blocks, bool) or blocks < 1):
+        raise ConfigError(f"kv_cache.num_blocks must be auto or a positive integer; got {blocks!r}")
+    if cfg.runner.name == "real" and cfg.runner.replicas != 1:
+        raise ConfigError("runner.replicas > 1 needs runner=sim: a real run drives one model")
+    if cfg.runner.name == "sim" and cfg.stop_at_eos:
+        raise ConfigError("stop_at_eos needs runner=real: a simulation computes no tokens, so sees no EOS")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device=cuda but torch sees no CUDA device; use device=auto or device=cpu")
 
@@ -40,3 +55,9 @@ def validate(cfg: DictConfig) -> None:
 def _present(cfg: DictConfig, key: str) -> bool:
     section, name = key.rsplit(".", 1)
     return name in OmegaConf.select(cfg, section)
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """The same config `python -m harness` would build from these overrides, for the other entry points."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)

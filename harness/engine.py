@@ -24,81 +24,45 @@ class StepRecord:
     row_width: int  # padded rectangle width; 0 for ragged
     num_preempted: int
     num_waiting: int
-    num_running: int
+    num_seqs: int  # requests with tokens in this step
     kv_used_blocks: int
 
 
 @dataclass
 class RunRecords:
-    requests: list[Request]
+    requests: list[Request] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
 
 
 class Engine:
-    """Replays a workload on a virtual clock. Each step moves the clock by its duration; an idle engine jumps to
-    the next arrival instead of sleeping, so real and simulated runs of one workload compare directly."""
+    """One replica on a virtual clock: its queues, strategy, runner and cache. Each step moves its clock by the
+    step's duration; `run` jumps an idle engine to the next arrival instead of sleeping, so real and simulated runs
+    of one workload compare directly."""
 
     def __init__(self, strategy: Strategy, runner, allocator: BlockAllocator, max_model_len: int,
-                 eos_token_id: int | None = None, progress: bool = False):
+                 eos_token_id: int | None = None):
         self.strategy = strategy
         self.runner = runner
         self.allocator = allocator
         self.max_model_len = max_model_len
         self.eos_token_id = eos_token_id
-        self.progress = progress
+        self.clock = 0.0
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.records = RunRecords()
         self.logits: dict[int, list] = {}  # request_id → per-token logits, when the runner keeps them
+        self.num_output_tokens = 0
 
-    def run(self, specs: list[RequestSpec]) -> RunRecords:
-        pending = deque(sorted(specs, key=lambda s: s.arrival_s))
-        records = RunRecords(requests=[])
-        waiting: deque[Request] = deque()
-        running: list[Request] = []
-        clock = 0.0
-        bar = tqdm(total=len(specs), unit="req", disable=not self.progress, desc=self.strategy.name, leave=False)
-        while pending or waiting or running:
-            while pending and pending[0].arrival_s <= clock:
-                request = self._enter(pending.popleft())
-                records.requests.append(request)
-                if request.status == RequestStatus.REJECTED:
-                    bar.update()
-                else:
-                    waiting.append(request)
-            if not waiting and not running:
-                if pending:
-                    clock = max(clock, pending[0].arrival_s)
-                continue
-            step_start = time.perf_counter()
-            plan = self.strategy.schedule(waiting, running)
-            if not plan.chunks:
-                raise RuntimeError(f"{self.strategy.name} scheduled nothing with {len(waiting)} waiting and "
-                                   f"{len(running)} running requests: a scheduler bug, not a workload problem")
-            num_prefill = sum(c.num_tokens for c in plan.chunks if not c.is_decode)  # before tokens are added
-            result = self.runner.execute(plan)
-            kv_used = self.allocator.num_used_blocks  # before finished requests give their blocks back
-            advanced = self._apply(plan, result, running)
-            wall = time.perf_counter() - step_start
-            duration = wall if self.runner.measures_wall_time else result.duration_s
-            records.steps.append(StepRecord(
-                step=len(records.steps), start_s=clock, duration_s=duration, busy_s=result.duration_s,
-                num_prefill_tokens=num_prefill, num_decode_tokens=plan.num_scheduled_tokens - num_prefill,
-                num_padding_tokens=plan.num_padding_tokens, num_rows=plan.num_rows,
-                row_width=plan.row_width if plan.padded else 0, num_preempted=len(plan.preempted),
-                num_waiting=len(waiting), num_running=len(plan.chunks), kv_used_blocks=kv_used,
-            ))
-            for chunk in plan.chunks:
-                if chunk.request.first_scheduled_s is None:
-                    chunk.request.first_scheduled_s = clock
-            clock += duration
-            # Tokens are stamped at the end of their step, when a client would see them.
-            for request in advanced:
-                request.token_times_s.append(clock)
-                if request.status == RequestStatus.FINISHED:
-                    request.finish_s = clock
-                    bar.update()
-        bar.close()
-        return records
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
 
-    def _enter(self, spec: RequestSpec) -> Request:
+    @property
+    def num_outstanding(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def add_request(self, spec: RequestSpec) -> Request:
+        """A request arrives: it is queued, or rejected at once with its reason if it can never be served."""
         request = Request(request_id=spec.request_id, arrival_s=spec.arrival_s, token_ids=list(spec.prompt_ids),
                           num_prompt_tokens=spec.prompt_len, max_new_tokens=spec.max_new_tokens)
         needed_blocks = self.allocator.num_blocks_for(request.max_num_tokens)
@@ -110,9 +74,48 @@ class Engine:
                                      f"({self.allocator.num_blocks})")
         if request.reject_reason:
             request.status = RequestStatus.REJECTED
+        else:
+            self.waiting.append(request)
+        self.records.requests.append(request)
         return request
 
-    def _apply(self, plan: BatchPlan, result, running: list[Request]) -> list[Request]:
+    def step(self) -> list[Request]:
+        """Schedule, execute and apply one step at the current clock; returns the requests it finished."""
+        step_start = time.perf_counter()
+        plan = self.strategy.schedule(self.waiting, self.running)
+        if not plan.chunks:
+            raise RuntimeError(f"{self.strategy.name} scheduled nothing with {len(self.waiting)} waiting and "
+                               f"{len(self.running)} running requests: a scheduler bug, not a workload problem")
+        num_prefill = sum(c.num_tokens for c in plan.chunks if not c.is_decode)  # before tokens are added
+        result = self.runner.execute(plan)
+        kv_used = self.allocator.num_used_blocks  # before finished requests give their blocks back
+        advanced = self._apply(plan, result)
+        if self.runner.measures_wall_time:
+            duration = time.perf_counter() - step_start
+        else:
+            duration = result.duration_s + result.overhead_s
+        self.records.steps.append(StepRecord(
+            step=len(self.records.steps), start_s=self.clock, duration_s=duration, busy_s=result.duration_s,
+            num_prefill_tokens=num_prefill, num_decode_tokens=plan.num_scheduled_tokens - num_prefill,
+            num_padding_tokens=plan.num_padding_tokens, num_rows=plan.num_rows,
+            row_width=plan.row_width if plan.padded else 0, num_preempted=len(plan.preempted),
+            num_waiting=len(self.waiting), num_seqs=len(plan.chunks), kv_used_blocks=kv_used,
+        ))
+        for chunk in plan.chunks:
+            if chunk.request.first_scheduled_s is None:
+                chunk.request.first_scheduled_s = self.clock
+        self.clock += duration
+        # Tokens are stamped at the end of their step, when a client would see them.
+        self.num_output_tokens += len(advanced)
+        finished = []
+        for request in advanced:
+            request.token_times_s.append(self.clock)
+            if request.status == RequestStatus.FINISHED:
+                request.finish_s = self.clock
+                finished.append(request)
+        return finished
+
+    def _apply(self, plan: BatchPlan, result) -> list[Request]:
         """Advance each scheduled request; returns those that got a new token."""
         advanced = []
         for chunk in plan.chunks:
@@ -130,6 +133,42 @@ class Engine:
             hit_eos = self.eos_token_id is not None and token == self.eos_token_id
             if request.num_output_tokens == request.max_new_tokens or hit_eos:
                 request.status = RequestStatus.FINISHED
-                running.remove(request)
+                self.running.remove(request)
                 self.strategy.on_finished(request)
         return advanced
+
+    def run(self, specs: list[RequestSpec], progress: bool = False) -> RunRecords:
+        """Replay `specs` on this engine alone."""
+        replay([self], lambda engines, spec: engines[0], specs, progress, desc=self.strategy.name)
+        return self.records
+
+
+def replay(engines: list[Engine], route, specs: list[RequestSpec], progress: bool = False,
+           desc: str = "") -> None:
+    """Co-simulate replicas behind one arrival stream, in time order.
+
+    The next event is either the next arrival (routed by `route(engines, spec)`, which sees every replica as it
+    is at that moment) or the step of the busy replica whose clock is furthest behind. An idle replica's clock
+    jumps to the arrival it receives.
+    """
+    pending = deque(sorted(specs, key=lambda s: s.arrival_s))
+    bar = tqdm(total=len(specs), unit="req", disable=not progress, desc=desc, leave=False)
+    while True:
+        busy = [e for e in engines if e.has_work]
+        next_step = min(busy, key=lambda e: e.clock) if busy else None
+        if pending and (next_step is None or pending[0].arrival_s <= next_step.clock):
+            spec = pending.popleft()
+            target = route(engines, spec)
+            if not target.has_work:
+                target.clock = max(target.clock, spec.arrival_s)
+            if target.add_request(spec).status == RequestStatus.REJECTED:
+                bar.update()
+        elif next_step is not None:
+            done = next_step.step()
+            if done:
+                output = sum(e.num_output_tokens for e in engines)
+                bar.set_postfix_str(f"{output / max(e.clock for e in engines):.0f} output tok/s", refresh=False)
+                bar.update(len(done))
+        else:
+            break
+    bar.close()

@@ -9,12 +9,10 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from hydra import compose, initialize_config_dir
 
-from harness.model import load_vocabulary
+from harness.config import compose_config
+from harness.model import load_tokenizer, model_config
 from workloads import Workload, build_workload
-
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 def workload_stats(workload: Workload) -> dict:
@@ -62,10 +60,8 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m harness")
     parser.add_argument("--out", type=Path, help="plot path (default results/workloads/<name>.png)")
     args = parser.parse_args()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=args.overrides)
-    vocab_size, tokenizer = load_vocabulary(cfg.model)
-    workload = build_workload(cfg.workload, vocab_size, tokenizer)
+    cfg = compose_config(args.overrides)
+    workload = build_workload(cfg.workload, model_config(cfg.model).vocab_size, load_tokenizer(cfg.model))
     for key, value in workload.info.items():
         print(f"{key}: {value}")
     print(pd.Series(workload_stats(workload)).to_string(float_format=lambda x: f"{x:,.3f}"))

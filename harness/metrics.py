@@ -65,8 +65,19 @@ def distribution(name: str, values) -> dict[str, float]:
     }
 
 
-def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: np.ndarray, labels: dict) -> dict:
-    """The flat `summary.json` contract of DESIGN.md, in SI units."""
+def meets_slo(finished: pd.DataFrame, ttft_s: float | None, tpot_s: float | None) -> pd.Series:
+    """Which finished requests meet the SLOs given (None = no constraint); a one-token request has no TPOT."""
+    ok = pd.Series(True, index=finished.index)
+    if ttft_s is not None:
+        ok &= finished.ttft_s <= ttft_s
+    if tpot_s is not None:
+        ok &= finished.tpot_s.isna() | (finished.tpot_s <= tpot_s)
+    return ok
+
+
+def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: np.ndarray, labels: dict,
+              slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> dict:
+    """The flat `summary.json` contract of DESIGN.md, in SI units, plus queueing, step shape and goodput."""
     finished = requests[requests.status == RequestStatus.FINISHED.name.lower()]
     start = requests.arrival_s.min()
     makespan = float(finished.finish_s.max() - start) if len(finished) else 0.0
@@ -75,11 +86,14 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: np.ndarray, labe
     computed = int(steps.num_computed_tokens.sum()) if len(steps) else 0
     padding = int(steps.num_padding_tokens.sum()) if len(steps) else 0
     busy = float(steps.busy_s.sum()) if len(steps) else 0.0
+    stepped = float(steps.duration_s.sum()) if len(steps) else 0.0
     kv_mean = float(np.average(steps.kv_utilization, weights=steps.duration_s)) if len(steps) else 0.0
 
     def per_second(x: float) -> float:
         return x / makespan if makespan > 0 else math.nan
 
+    sequences = steps.num_seqs if len(steps) else pd.Series(dtype=float)
+    scheduled = steps.num_prefill_tokens + steps.num_decode_tokens if len(steps) else pd.Series(dtype=float)
     summary = dict(labels) | {
         "num_requests": len(requests),
         "num_finished": len(finished),
@@ -94,11 +108,22 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: np.ndarray, labe
         **distribution("tpot_s", finished.tpot_s),
         **distribution("itl_s", itl),
         **distribution("e2e_s", finished.e2e_s),
+        **distribution("queue_s", finished.queue_s),
+        "slo_ttft_s": slo_ttft_s,
+        "slo_tpot_s": slo_tpot_s,
+        "goodput_rps": per_second(int(meets_slo(finished, slo_ttft_s, slo_tpot_s).sum())),
+        "batch_size_mean": float(sequences.mean()) if len(steps) else 0.0,
+        "batch_size_max": int(sequences.max()) if len(steps) else 0,
+        "tokens_per_step_mean": float(scheduled.mean()) if len(steps) else 0.0,
+        "tokens_per_step_max": int(scheduled.max()) if len(steps) else 0,
         "num_computed_tokens": computed,
         "num_padding_tokens": padding,
         "padding_waste": padding / computed if computed else 0.0,
         "kv_peak_utilization": float(steps.kv_utilization.max()) if len(steps) else 0.0,
         "kv_mean_utilization": kv_mean,
         "busy_s": busy,
+        # The clock only moves by steps and by jumps over idle gaps: what is neither is the harness's own time.
+        "overhead_s": stepped - busy,
+        "idle_s": makespan - stepped,
     }
     return summary

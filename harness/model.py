@@ -1,9 +1,11 @@
-"""The model: the built-in `tiny-llama` (seeded random weights, offline) or any transformers causal LM."""
+"""The model: `tiny-llama` (built from a config with seeded random weights, offline), a model only described by
+its config (for simulation), or any transformers causal LM from the hub or a path."""
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+SOURCES = ("tiny", "config", "hf")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -12,35 +14,43 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(name: str, device_type: str) -> torch.dtype:
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if device_type == "cuda" else torch.float32
     return DTYPES[name]
 
 
-def build_tiny_llama(config: dict, seed: int) -> LlamaForCausalLM:
-    """A Llama built from a config with seeded random weights. The config's large `initializer_range` keeps
-    greedy decoding context-dependent; at the usual 0.02 it collapses onto a few tokens and hides bugs."""
+def model_config(model_cfg) -> PretrainedConfig:
+    """The architecture, without weights."""
+    if model_cfg.source in ("tiny", "config"):
+        options = dict(model_cfg.config)
+        return AutoConfig.for_model(options.pop("model_type"), **options)
+    return AutoConfig.from_pretrained(model_cfg.name, trust_remote_code=bool(model_cfg.trust_remote_code))
+
+
+def load_tokenizer(model_cfg):
+    """The model's tokenizer; None for models built or described from a config."""
+    if model_cfg.source != "hf":
+        return None
+    return AutoTokenizer.from_pretrained(model_cfg.name, trust_remote_code=bool(model_cfg.trust_remote_code))
+
+
+def build_random_model(config: PretrainedConfig, seed: int):
+    """A model with seeded random weights. tiny-llama's large `initializer_range` keeps greedy decoding
+    context-dependent; at the usual 0.02 it collapses onto a few tokens and hides bugs."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return LlamaForCausalLM(LlamaConfig(**config))
+        return AutoModelForCausalLM.from_config(config)
 
 
 def load_model(model_cfg, device: torch.device, dtype: torch.dtype):
-    """Returns (model in eval mode on `device`, its tokenizer or None)."""
+    """Weights for the real runner: (model in eval mode on `device`, its tokenizer or None)."""
+    if model_cfg.source == "config":
+        raise ValueError(f"model={model_cfg.name} is only described by its config, with no weights: use "
+                         "runner=sim, or model=hf model.name=<hub id or path> to run a real model")
     if model_cfg.source == "tiny":
-        model, tokenizer = build_tiny_llama(dict(model_cfg.config), int(model_cfg.seed)), None
+        model = build_random_model(model_config(model_cfg), int(model_cfg.seed))
     else:
         model = AutoModelForCausalLM.from_pretrained(model_cfg.name, dtype=dtype,
                                                      trust_remote_code=bool(model_cfg.trust_remote_code))
-        tokenizer = AutoTokenizer.from_pretrained(model_cfg.name, trust_remote_code=bool(model_cfg.trust_remote_code))
-    return model.to(device=device, dtype=dtype).eval(), tokenizer
-
-
-def load_vocabulary(model_cfg):
-    """(vocab_size, tokenizer or None) without loading weights: enough to build a workload for the model."""
-    if model_cfg.source == "tiny":
-        return int(model_cfg.config.vocab_size), None
-    remote = bool(model_cfg.trust_remote_code)
-    config = AutoConfig.from_pretrained(model_cfg.name, trust_remote_code=remote)
-    return config.vocab_size, AutoTokenizer.from_pretrained(model_cfg.name, trust_remote_code=remote)
+    return model.to(device=device, dtype=dtype).eval(), load_tokenizer(model_cfg)

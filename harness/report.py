@@ -13,8 +13,13 @@ TERMINAL_ROWS = [
     ("padding waste", lambda s: f"{s['padding_waste']:.1%} of {s['num_computed_tokens']} computed tokens"),
     ("KV use peak / mean", lambda s: f"{s['kv_peak_utilization']:.1%} / {s['kv_mean_utilization']:.1%}"),
     ("preemptions", lambda s: str(s["num_preemptions"])),
-    ("harness overhead", lambda s: f"{s['makespan_s'] - s['busy_s']:.2f} s of {s['makespan_s']:.2f} s"),
+    ("goodput (SLOs met)", lambda s: f"{s['goodput_rps']:.2f} req/s"),
+    ("harness overhead", lambda s: f"{s['overhead_s']:.2f} s of {s['makespan_s']:.2f} s"),
 ]
+
+
+ENVIRONMENT_KEYS = ("device", "device_name", "dtype", "threads", "torch", "transformers", "triton", "python",
+                    "git_commit")
 
 
 def _ms(seconds: float) -> str:
@@ -28,7 +33,8 @@ def terminal_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def run_report(summary: dict, requests: pd.DataFrame, steps: pd.DataFrame, workload_info: dict) -> str:
+def run_report(summary: dict, requests: pd.DataFrame, steps: pd.DataFrame, workload_info: dict,
+               plots: list) -> str:
     rejected = requests[requests.status == "rejected"]
     composition = pd.DataFrame({
         "tokens": [steps.num_prefill_tokens.sum(), steps.num_decode_tokens.sum(), steps.num_padding_tokens.sum()],
@@ -52,6 +58,14 @@ def run_report(summary: dict, requests: pd.DataFrame, steps: pd.DataFrame, workl
         composition.to_markdown(),
         "",
         f"{summary['num_steps']} steps; see `steps.csv` for each one and `requests.csv` for each request.",
+        "",
+        "## Plots",
+        "",
+        *[f"![{p.stem}]({p.as_posix()})" for p in plots],
+        "",
+        "## Environment",
+        "",
+        *[f"- {key}: {summary.get(key)}" for key in ENVIRONMENT_KEYS],
     ]
     if len(rejected):
         parts += ["", "## Rejected requests", "", *[

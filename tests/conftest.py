@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from harness.engine import Engine
 from harness.kv_cache import BlockAllocator
-from harness.model import build_tiny_llama
+from harness.model import build_random_model, model_config
 from harness.runners import StepResult
 from harness.runners.real import RealRunner
 from strategies import STRATEGIES
@@ -25,13 +25,13 @@ def tiny_model_cfg():
 
 @pytest.fixture(scope="session")
 def runner_model(tiny_model_cfg):
-    return build_tiny_llama(dict(tiny_model_cfg.config), tiny_model_cfg.seed).eval()
+    return build_random_model(model_config(tiny_model_cfg), tiny_model_cfg.seed).eval()
 
 
 @pytest.fixture(scope="session")
 def reference_model(tiny_model_cfg):
     """A second copy with transformers' own attention, for `generate()`."""
-    model = build_tiny_llama(dict(tiny_model_cfg.config), tiny_model_cfg.seed).eval()
+    model = build_random_model(model_config(tiny_model_cfg), tiny_model_cfg.seed).eval()
     model.set_attn_implementation("sdpa")
     return model
 

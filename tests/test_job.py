@@ -6,9 +6,8 @@ import sys
 
 import pandas as pd
 import pytest
-from hydra import compose, initialize_config_dir
 
-from harness.config import ConfigError
+from harness.config import ConfigError, compose_config
 from harness.job import run_job
 from tests.conftest import ROOT
 
@@ -23,8 +22,7 @@ SMALL = ["workload=synthetic", "workload.num_requests=6", "workload.prompt.low=4
 
 
 def config(*overrides: str):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return compose(config_name="config", overrides=[*SMALL, *overrides])
+    return compose_config([*SMALL, *overrides])
 
 
 @pytest.mark.parametrize("strategy", ["static", "dynamic", "continuous"])
@@ -97,11 +95,10 @@ def test_transformers_never_mistakes_our_kernels_package_for_the_hub_one():
     ("mooncake", "mooncake_small.jsonl"),
 ])
 def test_every_source_runs_end_to_end(source, path, tmp_path):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            "strategy=continuous", f"workload={source}", f"workload.path={ROOT / 'tests' / 'fixtures' / path}",
-            "workload.num_requests=5", "workload.max_prompt_len=48", "workload.max_output_len=6", "progress=false",
-        ])
+    cfg = compose_config([
+        "strategy=continuous", f"workload={source}", f"workload.path={ROOT / 'tests' / 'fixtures' / path}",
+        "workload.num_requests=5", "workload.max_prompt_len=48", "workload.max_output_len=6", "progress=false",
+    ])
     summary = run_job(cfg, tmp_path)
     assert summary["num_finished"] + summary["num_rejected"] == summary["num_requests"] >= 3
     assert summary["workload"] == source

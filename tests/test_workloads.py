@@ -79,9 +79,10 @@ def test_real_sharegpt_prompts_without_completions_get_the_two_turns_answer():
         build_workload(workload_cfg("sharegpt", path=str(path)), vocab_size=8192)
 
 
-def test_rate_based_arrivals_need_a_rate():
+def test_rate_based_arrivals_need_a_positive_rate_and_no_rate_means_all_at_once():
     with pytest.raises(WorkloadError, match="needs workload.rate > 0"):
-        arrival_times("poisson", 10, np.random.default_rng(0), rate=None)
+        arrival_times("poisson", 10, np.random.default_rng(0), rate=0.0)
+    assert arrival_times("gamma", 5, np.random.default_rng(0), rate=None).tolist() == [0.0] * 5
 
 
 def test_gamma_arrivals_have_the_asked_rate_and_burstiness():

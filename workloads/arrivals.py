@@ -9,18 +9,19 @@ ARRIVALS = ("offline", "poisson", "gamma", "constant")
 
 def arrival_times(kind: str, n: int, rng: np.random.Generator, rate: float | None = None,
                   burstiness: float = 1.0) -> np.ndarray:
-    """Sorted arrival times `[n]`.
+    """Sorted arrival times `[n]`. As in `vllm bench`, a rate of None means no rate limit: all arrive at t=0.
 
     `gamma` follows vLLM's benchmark: inter-arrival gaps ~ Gamma(shape=burstiness, scale=1/(rate*burstiness)),
     so the mean rate is `rate` whatever the burstiness, and burstiness 1 is a Poisson process (smaller is
     burstier: the gaps' coefficient of variation is 1/sqrt(burstiness)).
     """
-    if kind == "offline":
-        return np.zeros(n)
     if kind not in ARRIVALS:
         raise WorkloadError(f"unknown arrival process {kind!r}; choose one of {', '.join(ARRIVALS)}")
-    if rate is None or not rate > 0:
-        raise WorkloadError(f"arrival={kind!r} needs workload.rate > 0 (requests per second), got {rate}")
+    if kind == "offline" or rate is None:
+        return np.zeros(n)
+    if not rate > 0:
+        raise WorkloadError(f"arrival={kind!r} needs workload.rate > 0 (requests per second), or null for all "
+                            f"at once; got {rate}")
     if kind == "constant":
         gaps = np.full(n, 1.0 / rate)
     elif kind == "poisson":

@@ -30,16 +30,24 @@ def _draw(spec: dict, n: int, rng: np.random.Generator, what: str) -> np.ndarray
             low, high = mean * (1 - ratio), mean * (1 + ratio)
         else:
             low, high = float(spec["low"]), float(spec["high"])
+        if not 0 <= low <= high:
+            raise WorkloadError(f"{what}: uniform needs 0 <= low <= high, got low={low:g}, high={high:g}")
         raw = np.floor(rng.uniform(low, high + 1, size=n))
     elif dist == "normal":
+        if not float(spec["std"]) >= 0:
+            raise WorkloadError(f"{what}: normal needs std >= 0, got {spec['std']}")
         raw = rng.normal(float(spec["mean"]), float(spec["std"]), size=n)
     elif dist == "lognormal":
         # Parameterised by the mean of the lengths themselves, the way papers report them.
-        sigma = float(spec["sigma"])
-        mu = np.log(float(spec["mean"])) - sigma**2 / 2
+        sigma, mean = float(spec["sigma"]), float(spec["mean"])
+        if not (sigma >= 0 and mean > 0):
+            raise WorkloadError(f"{what}: lognormal needs mean > 0 and sigma >= 0, got {mean:g}, {sigma:g}")
+        mu = np.log(mean) - sigma**2 / 2
         raw = rng.lognormal(mu, sigma, size=n)
     elif dist == "exponential":
         # With `max` as its cap: the output-length shape of the classic static-vs-continuous comparison.
+        if not float(spec["mean"]) > 0:
+            raise WorkloadError(f"{what}: exponential needs mean > 0, got {spec['mean']}")
         raw = rng.exponential(float(spec["mean"]), size=n)
     elif dist == "quantiles":
         # Inverse-CDF sampling from an evenly spaced quantile table (q0, q1, ..., q100).

@@ -1,0 +1,130 @@
+"""Compare runs: one table and one set of plots across run folders — at the end of every multirun (a Hydra
+callback), or by hand: `python -m harness.compare results/sweeps/<time>/* [--out DIR]`."""
+
+import argparse
+import glob
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from hydra.experimental.callback import Callback
+
+from harness.plots import save_figure
+from harness.results import write_csv, write_text
+
+COLUMNS = ["status", "strategy", "workload", "arrival", "rate", "concurrency", "num_finished", "num_rejected",
+           "num_preemptions", "request_throughput_rps", "output_throughput_tps", "goodput_rps", "ttft_s_p50",
+           "ttft_s_p99", "tpot_s_p50", "tpot_s_p99", "e2e_s_p50", "padding_waste", "kv_peak_utilization",
+           "makespan_s", "error"]
+SWEEP_AXES = ("rate", "concurrency")  # the first that varies across runs becomes the x axis
+
+
+def load_runs(run_dirs: list[Path]) -> pd.DataFrame:
+    """One row per run folder: its summary, or its failure from status.json."""
+    rows = []
+    for run_dir in run_dirs:
+        summary, status = run_dir / "summary.json", run_dir / "status.json"
+        if summary.exists():
+            row = json.loads(summary.read_text()) | {"status": "finished"}
+        elif status.exists():
+            row = json.loads(status.read_text())
+        else:
+            continue  # not a run folder
+        rows.append(row | {"run": run_dir.name})
+    table = pd.DataFrame(rows)
+    for column in COLUMNS:
+        if column not in table:
+            table[column] = None
+    return table
+
+
+def sweep_axis(runs: pd.DataFrame) -> str | None:
+    finished = runs[runs.status == "finished"]
+    return next((axis for axis in SWEEP_AXES if finished[axis].nunique(dropna=True) > 1), None)
+
+
+def plot_comparison(runs: pd.DataFrame, plots_dir: Path) -> list[Path]:
+    finished = runs[runs.status == "finished"]
+    if finished.empty:
+        return []
+    axis = sweep_axis(runs)
+    paths = []
+    if axis:
+        label = {"rate": "request rate (req/s)", "concurrency": "max concurrent requests"}[axis]
+        panels = [("output_throughput_tps", "output throughput (tok/s)", False),
+                  ("goodput_rps", "goodput (req/s meeting SLOs)", False),
+                  ("ttft_s_p50", "TTFT p50 (s)", True), ("ttft_s_p99", "TTFT p99 (s)", True)]
+        fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+        for ax, (metric, title, log) in zip(axes.flat, panels):
+            for strategy, group in finished.sort_values(axis).groupby("strategy"):
+                ax.plot(group[axis], group[metric], marker="o", label=strategy)
+            ax.set(title=title, xlabel=label)
+            if log:
+                ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+        axes.flat[0].legend()
+        fig.suptitle(f"Strategies against {label}", fontsize=11)
+        paths.append(plots_dir / f"metrics_vs_{axis}.png")
+        save_figure(fig, paths[-1])
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    waste = finished.groupby("strategy").padding_waste.mean().sort_values()
+    ax.barh(waste.index, 100 * waste.to_numpy(), color="tab:red")
+    ax.set(title="Padding waste (mean over runs)", xlabel="share of computed token slots (%)", xlim=(0, 100))
+    for y, value in enumerate(waste.to_numpy()):
+        ax.text(100 * value + 1, y, f"{value:.1%}", va="center")
+    paths.append(plots_dir / "padding_waste.png")
+    save_figure(fig, paths[-1])
+    return paths
+
+
+def comparison_markdown(runs: pd.DataFrame, plots: list[Path], out_dir: Path) -> str:
+    shown = runs[COLUMNS].drop(columns="error")
+    failed = runs[runs.status != "finished"]
+    parts = ["# Comparison", "", f"{len(runs)} runs, {len(failed)} failed.", "",
+             shown.to_markdown(index=False, floatfmt=".4g"), ""]
+    if len(failed):
+        parts += ["## Failed runs", "", *[f"- {row.run}: {row.error}" for row in failed.itertuples()], ""]
+    parts += [f"![{p.stem}]({p.relative_to(out_dir).as_posix()})" for p in plots]
+    return "\n".join(parts) + "\n"
+
+
+def write_comparison(run_dirs: list[Path], out_dir: Path) -> pd.DataFrame:
+    runs = load_runs(run_dirs)
+    if runs.empty:
+        raise SystemExit(f"no run folders (with summary.json or status.json) among {len(run_dirs)} paths")
+    sort = [c for c in ("strategy", "rate", "concurrency") if runs[c].notna().any()]
+    runs = runs.sort_values(sort, na_position="last").reset_index(drop=True)
+    write_csv(out_dir / "comparison.csv", runs[["run", *COLUMNS]])
+    plots = plot_comparison(runs, out_dir / "plots")
+    write_text(out_dir / "comparison.md", comparison_markdown(runs, plots, out_dir))
+    return runs
+
+
+def print_comparison(runs: pd.DataFrame, out_dir: Path) -> None:
+    shown = ["strategy", "workload", "rate", "concurrency", "status", "output_throughput_tps", "ttft_s_p50",
+             "padding_waste"]
+    print(runs[shown].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    print(f"comparison: {out_dir / 'comparison.md'}")
+
+
+class ComparisonCallback(Callback):
+    """Writes the comparison into the sweep folder when a multirun ends."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        runs = write_comparison(sorted(p for p in sweep_dir.iterdir() if p.is_dir()), sweep_dir)
+        print_comparison(runs, sweep_dir)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", help="run folders or glob patterns")
+    parser.add_argument("--out", type=Path, default=Path("results") / "comparison", help="where to write")
+    args = parser.parse_args()
+    run_dirs = sorted({Path(p) for pattern in args.runs for p in (glob.glob(pattern) or [pattern])})
+    print_comparison(write_comparison([p for p in run_dirs if p.is_dir()], args.out), args.out)
+
+
+if __name__ == "__main__":
+    main()

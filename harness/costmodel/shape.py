@@ -1,0 +1,39 @@
+"""A step's shape: the few numbers its cost depends on, computed in O(chunks) from its plan."""
+
+from dataclasses import dataclass
+
+from strategies import BatchPlan
+
+
+@dataclass(frozen=True)
+class StepShape:
+    padded: bool
+    num_tokens: int  # token slots the model computes, padding included
+    num_rows: int  # sequences (ragged) or rectangle rows (padded)
+    attention_pairs: int  # query-key pairs attention computes: sum q*k (ragged), rows*width*k_max (padded)
+    kv_tokens_read: int  # cached tokens read: sum k (ragged), rows*k_max (padded)
+    num_sampled: int  # positions that go through the LM head
+
+    @property
+    def mean_context(self) -> float:
+        """Keys per computed token: the attention work per token."""
+        return self.attention_pairs / self.num_tokens
+
+
+def step_shape(plan: BatchPlan) -> StepShape:
+    num_sampled = 0
+    if plan.padded:
+        k_max = 0
+        for chunk in plan.chunks:
+            k_max = max(k_max, chunk.start + chunk.num_tokens)
+            num_sampled += chunk.samples
+        rows, width = plan.num_rows, plan.row_width
+        return StepShape(True, rows * width, rows, rows * width * k_max, rows * k_max, rows)
+    tokens = pairs = read = 0
+    for chunk in plan.chunks:
+        k_len = chunk.start + chunk.num_tokens
+        tokens += chunk.num_tokens
+        pairs += chunk.num_tokens * k_len
+        read += k_len
+        num_sampled += chunk.samples
+    return StepShape(False, tokens, len(plan.chunks), pairs, read, num_sampled)

@@ -1,0 +1,94 @@
+"""A run's pictures: what each step computed, KV use, latency CDFs and a per-request timeline."""
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from harness.results import write_png
+
+COLORS = {"prefill": "tab:blue", "decode": "tab:green", "padding": "tab:red", "queued": "0.8"}
+GANTT_MAX_REQUESTS = 64
+
+
+def save_figure(fig, path: Path) -> None:
+    fig.tight_layout()
+    write_png(path, fig)
+    plt.close(fig)
+
+
+def step_composition(steps: pd.DataFrame, title: str, path: Path, bins: int = 120) -> None:
+    """Where the compute went over time. Top: share of computed token slots that were prefill, decode or padding
+    (padding is compute spent on no request). Bottom: tokens computed per step."""
+    end = float((steps.start_s + steps.duration_s).max())
+    edges = np.linspace(float(steps.start_s.min()), end, bins + 1)
+    which = np.clip(np.digitize(steps.start_s, edges) - 1, 0, bins - 1)
+    kinds = {"prefill": steps.num_prefill_tokens, "decode": steps.num_decode_tokens,
+             "padding": steps.num_padding_tokens}
+    sums = {k: np.bincount(which, weights=v, minlength=bins) for k, v in kinds.items()}
+    total = sum(sums.values())
+    busy = total > 0
+    centers = ((edges[:-1] + edges[1:]) / 2)[busy]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 5.2), sharex=True, height_ratios=[3, 2])
+    top.stackplot(centers, *[100 * sums[k][busy] / total[busy] for k in kinds], labels=list(kinds),
+                  colors=[COLORS[k] for k in kinds], alpha=0.85)
+    top.set(title=f"Where the compute went: {title}", ylabel="share of computed slots (%)", ylim=(0, 100))
+    top.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    bottom.step(steps.start_s, steps.num_computed_tokens, where="post", color="0.3", lw=0.8)
+    bottom.set(xlabel="time (s)", ylabel="tokens per step", yscale="log", xlim=(edges[0], end))
+    bottom.grid(alpha=0.3)
+    save_figure(fig, path)
+
+
+def kv_usage(steps: pd.DataFrame, title: str, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    ax.step(steps.start_s, 100 * steps.kv_utilization, where="post", color="tab:purple", label="KV blocks in use")
+    preempting = steps[steps.num_preempted > 0]
+    if len(preempting):
+        ax.scatter(preempting.start_s, 100 * preempting.kv_utilization, marker="v", color="tab:red", zorder=3,
+                   label=f"preemption ({int(preempting.num_preempted.sum())})")
+    ax.set(title=f"KV cache use: {title}", xlabel="time (s)", ylabel="blocks in use (%)", ylim=(0, 105))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    save_figure(fig, path)
+
+
+def latency_cdfs(requests: pd.DataFrame, title: str, path: Path) -> None:
+    finished = requests[requests.status == "finished"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, column, label in ((axes[0], "ttft_s", "time to first token"), (axes[1], "e2e_s", "end-to-end latency")):
+        values = np.sort(finished[column].dropna().to_numpy())
+        ax.step(values, np.arange(1, len(values) + 1) / max(len(values), 1), where="post")
+        ax.set(title=label, xlabel="seconds", ylabel="fraction of requests", ylim=(0, 1.02))
+        ax.grid(alpha=0.3)
+        if len(values) and values.min() > 0 and values.max() / values.min() > 100:
+            ax.set_xscale("log")  # spans orders of magnitude: a linear axis hides the fast requests
+    fig.suptitle(title, fontsize=10)
+    save_figure(fig, path)
+
+
+def request_gantt(requests: pd.DataFrame, title: str, path: Path) -> None:
+    """Queued, prefill (until the first token) and decode spans of the first requests, one row each."""
+    sample = requests[requests.status == "finished"].sort_values("request_id").head(GANTT_MAX_REQUESTS)
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.11 * max(len(sample), 8)))
+    rows = np.arange(len(sample))
+    spans = [("queued", sample.arrival_s, sample.first_scheduled_s),
+             ("prefill", sample.first_scheduled_s, sample.first_token_s),
+             ("decode", sample.first_token_s, sample.finish_s)]
+    for name, start, end in spans:
+        ax.barh(rows, (end - start).to_numpy(), left=start.to_numpy(), height=0.8, color=COLORS[name], label=name)
+    ax.set_yticks(rows[:: max(1, len(rows) // 16)], sample.request_id.to_numpy()[:: max(1, len(rows) // 16)])
+    ax.set_ylim(len(sample) - 0.5, -0.5)  # first request on top
+    ax.set(title=f"Requests over time: {title}", xlabel="time (s)", ylabel="request")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    save_figure(fig, path)
+
+
+def plot_run(requests: pd.DataFrame, steps: pd.DataFrame, title: str, plots_dir: Path) -> list[Path]:
+    paths = [plots_dir / name for name in ("steps.png", "kv_cache.png", "latency_cdf.png", "requests.png")]
+    if len(steps):
+        step_composition(steps, title, paths[0])
+        kv_usage(steps, title, paths[1])
+    latency_cdfs(requests, title, paths[2])
+    request_gantt(requests, title, paths[3])
+    return [p for p in paths if p.exists()]

@@ -1,0 +1,122 @@
+"""Metric definitions on hand-computed cases, run plots, and sweeps ending in a comparison."""
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness import metrics
+from harness.compare import load_runs, write_comparison
+from harness.engine import RunRecords, StepRecord
+from strategies import Request, RequestStatus
+from tests.conftest import ROOT
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def finished_request(request_id, arrival, token_times, prompt_len=5, first_scheduled=None):
+    request = Request(request_id=request_id, arrival_s=arrival, token_ids=[0] * (prompt_len + len(token_times)),
+                      num_prompt_tokens=prompt_len, max_new_tokens=len(token_times), status=RequestStatus.FINISHED)
+    request.token_times_s = list(token_times)
+    request.finish_s = token_times[-1]
+    request.first_scheduled_s = arrival if first_scheduled is None else first_scheduled
+    return request
+
+
+def step(index, start, duration, prefill=0, decode=0, padding=0, kv=0, busy=None):
+    return StepRecord(step=index, start_s=start, duration_s=duration, busy_s=duration if busy is None else busy,
+                      num_prefill_tokens=prefill, num_decode_tokens=decode, num_padding_tokens=padding, num_rows=1,
+                      row_width=0, num_preempted=0, num_waiting=0, num_seqs=1, kv_used_blocks=kv)
+
+
+def test_tpot_excludes_the_first_token_and_is_undefined_for_one_token():
+    records = RunRecords(requests=[finished_request(0, 0.0, [1.0, 1.5, 3.0]), finished_request(1, 0.5, [2.0])])
+    table = metrics.requests_table(records)
+    assert table.ttft_s.tolist() == [1.0, 1.5]
+    assert table.tpot_s[0] == pytest.approx((3.0 - 1.0) / 2) and math.isnan(table.tpot_s[1])
+    assert table.e2e_s.tolist() == [3.0, 1.5]
+    assert sorted(metrics.inter_token_latencies(records).tolist()) == [0.5, 1.5]
+
+
+def test_percentiles_on_tiny_lists():
+    assert metrics.distribution("x", [4.0, 1.0, 3.0, 2.0]) == {
+        "x_mean": 2.5, "x_p50": 2.5, "x_p90": pytest.approx(3.7), "x_p99": pytest.approx(3.97)}
+    assert metrics.distribution("x", [7.0]) == {"x_mean": 7.0, "x_p50": 7.0, "x_p90": 7.0, "x_p99": 7.0}
+    assert all(math.isnan(v) for v in metrics.distribution("x", [math.nan]).values())
+
+
+def test_padding_waste_throughput_goodput_and_overhead_of_a_known_run():
+    requests = [finished_request(0, 0.0, [1.0, 2.0]), finished_request(1, 0.0, [1.0, 4.0], prompt_len=3)]
+    steps = [step(0, 0.0, 1.0, prefill=8, padding=2, kv=4, busy=0.9), step(1, 1.0, 1.0, decode=2, kv=4, busy=0.9),
+             step(2, 3.0, 1.0, decode=1, padding=1, kv=2, busy=0.8)]  # an idle second between steps 1 and 2
+    records = RunRecords(requests=requests, steps=steps)
+    summary = metrics.summarize(metrics.requests_table(records), metrics.steps_table(records, num_blocks=8),
+                                metrics.inter_token_latencies(records), {}, slo_ttft_s=1.0, slo_tpot_s=2.0)
+    assert summary["num_padding_tokens"] == 3 and summary["num_computed_tokens"] == 14
+    assert summary["padding_waste"] == pytest.approx(3 / 14)
+    assert summary["makespan_s"] == 4.0
+    assert summary["output_throughput_tps"] == pytest.approx(4 / 4.0)
+    assert summary["total_throughput_tps"] == pytest.approx((4 + 8) / 4.0)
+    assert summary["goodput_rps"] == pytest.approx(1 / 4.0)  # request 1's TPOT is 3 s > 2 s
+    assert summary["kv_peak_utilization"] == 0.5
+    assert summary["kv_mean_utilization"] == pytest.approx((0.5 + 0.5 + 0.25) / 3)
+    assert summary["busy_s"] == pytest.approx(2.6) and summary["overhead_s"] == pytest.approx(0.4)
+    assert summary["idle_s"] == pytest.approx(1.0)
+    assert summary["tokens_per_step_max"] == 8
+
+
+def sweep(tmp_path, *extra):
+    command = [sys.executable, "-m", "harness", "-m", "strategy=static,continuous", "concurrency=2",
+               "workload=synthetic", "workload.num_requests=5", "workload.prompt.low=4", "workload.prompt.high=30",
+               "workload.output.low=2", "workload.output.high=8", "workload.arrival=poisson",
+               "workload.rate=20,80", "progress=false", f"hydra.sweep.dir={tmp_path}", *extra]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_a_sweep_ends_in_a_comparison_survives_a_failed_job_and_resumes(tmp_path):
+    result = sweep(tmp_path, "kv_cache.num_blocks=1,64")  # 1 block cannot serve 2 concurrent requests
+    assert result.returncode == 0, result.stderr[-3000:]
+    comparison = pd.read_csv(tmp_path / "comparison.csv")
+    assert len(comparison) == 8
+    assert (comparison.status == "failed").sum() == 4
+    assert comparison[comparison.status == "failed"].error.str.contains("kv_cache.num_blocks=1").all()
+    finished = comparison[comparison.status == "finished"]
+    assert sorted(finished.strategy) == ["continuous", "continuous", "static", "static"]
+    assert sorted(set(finished.rate)) == [20, 80]
+    assert "Failed runs" in (tmp_path / "comparison.md").read_text()
+    for name in ("metrics_vs_rate.png", "padding_waste.png"):
+        assert (tmp_path / "plots" / name).read_bytes()[:8] == PNG
+    run = next(p for p in tmp_path.iterdir() if (p / "summary.json").exists())
+    assert {p.name for p in (run / "plots").iterdir()} == {"steps.png", "kv_cache.png", "latency_cdf.png",
+                                                            "requests.png"}
+    again = sweep(tmp_path, "kv_cache.num_blocks=64")
+    assert again.returncode == 0 and again.stdout.count("skipped:") == 4
+
+
+def test_compare_by_hand_on_run_folders(tmp_path):
+    for name, strategy, rate, waste in (("a", "static", 1.0, 0.5), ("b", "continuous", 1.0, 0.0),
+                                        ("c", "static", 2.0, 0.4), ("d", "continuous", 2.0, 0.0)):
+        (tmp_path / name).mkdir()
+        summary = {"strategy": strategy, "workload": "w", "rate": rate, "concurrency": 4, "padding_waste": waste,
+                   "output_throughput_tps": 10 * rate, "goodput_rps": rate, "ttft_s_p50": 0.1, "ttft_s_p99": 0.2}
+        (tmp_path / name / "summary.json").write_text(pd.Series(summary).to_json())
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "status.json").write_text('{"status": "failed", "error": "boom"}')
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, "-m", "harness.compare", str(tmp_path / "*"), "--out", str(out)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    runs = load_runs(sorted(p for p in tmp_path.iterdir() if p.name != "out"))
+    assert len(runs) == 5 and (runs.status == "failed").sum() == 1
+    table = pd.read_csv(out / "comparison.csv")
+    assert np.isclose(table.set_index("run").loc["c", "output_throughput_tps"], 20.0)
+    assert (out / "plots" / "metrics_vs_rate.png").read_bytes()[:8] == PNG
+    assert "boom" in (out / "comparison.md").read_text()
+
+
+def test_comparison_of_nothing_is_an_error(tmp_path):
+    with pytest.raises(SystemExit, match="no run folders"):
+        write_comparison([tmp_path], tmp_path / "out")

@@ -1,0 +1,213 @@
+"""The simulator: cost models, the same schedule as the real runner, clusters, and whole simulated runs."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.config import ConfigError, compose_config
+from harness.costmodel import CalibratedCostModel, RooflineCostModel, StepShape
+from harness.costmodel.calibrated import GridInterpolator
+from harness.costmodel.hardware import HARDWARE
+from harness.costmodel.roofline import Architecture
+from harness.engine import Engine, replay
+from harness.job import run_job
+from harness.kv_cache import BlockAllocator
+from harness.model import model_config
+from harness.router import ROUTERS
+from harness.runners.real import RealRunner
+from harness.runners.sim import SimRunner
+from strategies import STRATEGIES, RequestStatus
+from tests.conftest import ROOT, make_specs
+
+LLAMA_7B = Architecture(32, 4096, 11008, 32, 32, 128, 32000, 2)
+
+
+def profile_table() -> pd.DataFrame:
+    """A made-up profile: duration = 1 ms + 10 us per token + 1 ns per query-key pair, on a grid."""
+    rows = [(layout, t, c, 1e-3 + 1e-5 * t + 1e-9 * t * c + (2e-4 if layout == "padded" else 0.0))
+            for layout in ("ragged", "padded") for t in (1, 4, 16, 64) for c in (1, 32, 128)]
+    return pd.DataFrame(rows, columns=["layout", "num_tokens", "mean_context", "duration_s"])
+
+
+def shape(tokens: int, context: float, padded: bool = False) -> StepShape:
+    return StepShape(padded, tokens, min(tokens, 16), int(tokens * context), tokens, 1)
+
+
+def test_calibrated_model_is_exact_on_grid_points():
+    table = profile_table()
+    model = CalibratedCostModel(table)
+    for row in table.itertuples():
+        assert model.predict(shape(row.num_tokens, row.mean_context, row.layout == "padded")) == pytest.approx(
+            row.duration_s, rel=1e-12)
+
+
+def test_calibrated_model_interpolates_and_extrapolates_linearly_without_failing():
+    model = CalibratedCostModel(profile_table())
+    # Between grid points the made-up cost is bilinear in (tokens, context): interpolation recovers it.
+    assert model.predict(shape(40, 80)) == pytest.approx(1e-3 + 1e-5 * 40 + 1e-9 * 40 * 80, rel=0.05)
+    # Far beyond the grid: a finite, larger answer along the last segments' slope, never an error.
+    beyond = model.predict(shape(4096, 2000))
+    assert np.isfinite(beyond) and beyond > model.predict(shape(64, 128))
+    assert model.predict(shape(1, 0.5)) >= 0
+
+
+def test_calibrated_model_is_monotonic_in_tokens_even_on_noisy_profiles():
+    noisy = profile_table()
+    noisy.loc[(noisy.num_tokens == 16) & (noisy.layout == "ragged"), "duration_s"] *= 0.5  # a noisy dip
+    model = CalibratedCostModel(noisy)
+    predictions = [model.predict(shape(t, 32)) for t in range(1, 200, 3)]
+    assert all(b >= a for a, b in zip(predictions, predictions[1:]))
+
+
+def test_unmeasured_grid_cells_are_filled_along_the_row():
+    table = profile_table()
+    table = table[~((table.num_tokens == 64) & (table.mean_context == 1))]  # infeasible: 64-token chunk, 1 key
+    grid = GridInterpolator.from_points(table[table.layout == "ragged"])
+    assert np.isfinite(grid.values).all()
+
+
+def test_a_profile_without_both_layouts_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="both ragged and padded"):
+        CalibratedCostModel(profile_table()[lambda t: t.layout == "ragged"])
+    path = tmp_path / "p.csv"
+    path.write_text("# step_overhead_s: 0.001\n" + profile_table().to_csv(index=False))
+    assert CalibratedCostModel.load(path).step_overhead_s == 0.001
+
+
+def test_roofline_decode_is_memory_bound_and_a_big_prefill_compute_bound():
+    model = RooflineCostModel(LLAMA_7B, HARDWARE["h100"], compute_efficiency=1.0, memory_efficiency=1.0)
+    decode = StepShape(False, 1, 1, 100, 100, 1)
+    assert model.predict(decode) == pytest.approx(model.bytes(decode) / HARDWARE["h100"].memory_bandwidth)
+    prefill = StepShape(False, 8192, 1, 8192 * 4096, 8192, 1)
+    assert model.predict(prefill) == pytest.approx(model.flops(prefill) / HARDWARE["h100"].peak_flops)
+    assert 6.7e9 < LLAMA_7B.weight_bytes / 2 < 6.8e9  # Llama-2-7B has 6.74B parameters
+    assert LLAMA_7B.kv_bytes_per_token == 2 * 32 * 32 * 128 * 2  # 512 KiB per token in bf16
+    expected = int((0.9 * 80e9 - LLAMA_7B.weight_bytes) // (16 * LLAMA_7B.kv_bytes_per_token))
+    assert model.num_kv_blocks(16, 0.9) == expected
+    with pytest.raises(ValueError, match="do not fit"):
+        RooflineCostModel(LLAMA_7B, HARDWARE["l4"]).num_kv_blocks(16, 0.5)
+
+
+class FixedDuration:
+    """Wraps a runner so every step takes the same predicted time: the strategies then see identical clocks."""
+
+    measures_wall_time = False
+
+    def __init__(self, runner, step_s: float = 0.02):
+        self.runner, self.step_s = runner, step_s
+
+    def execute(self, plan):
+        result = self.runner.execute(plan)
+        result.duration_s = self.step_s
+        return result
+
+
+class ConstantCost:
+    step_overhead_s = 0.0
+
+    def predict(self, shape):
+        return 0.02
+
+
+@pytest.mark.parametrize("strategy,options", [("static", dict(batch_size=3)), ("dynamic", dict(batch_size=3)),
+                                              ("continuous", dict(max_batch_tokens=16, max_num_seqs=3))])
+def test_real_and_simulated_runs_make_the_same_schedule(strategy, options, runner_model):
+    specs = make_specs([(12, 4), (5, 6), (20, 2), (7, 5), (3, 3)], arrivals=[0.0, 0.0, 0.03, 0.05, 0.2])
+    schedules = []
+    for make_runner in (lambda a: FixedDuration(RealRunner(runner_model, a)), lambda a: SimRunner(ConstantCost())):
+        allocator = BlockAllocator(64, 4)
+        engine = Engine(STRATEGIES[strategy](allocator, **options), make_runner(allocator), allocator, 2048)
+        records = engine.run(specs)
+        schedules.append([(s.start_s, s.num_prefill_tokens, s.num_decode_tokens, s.num_padding_tokens, s.num_seqs)
+                          for s in records.steps])
+    assert schedules[0] == schedules[1]
+
+
+def cluster(router: str, replicas: int = 3):
+    engines = []
+    for _ in range(replicas):
+        allocator = BlockAllocator(64, 4)
+        strategy = STRATEGIES["continuous"](allocator, max_batch_tokens=32, max_num_seqs=4)
+        engines.append(Engine(strategy, SimRunner(ConstantCost()), allocator, 2048))
+    specs = make_specs([(8, 3 + (i % 5) * 4) for i in range(30)], arrivals=[0.01 * i for i in range(30)])
+    return engines, specs, ROUTERS[router]()
+
+
+def test_round_robin_spreads_requests_in_turn():
+    engines, specs, route = cluster("round_robin")
+    replay(engines, route, specs)
+    for i, engine in enumerate(engines):
+        assert [r.request_id for r in engine.records.requests] == list(range(i, 30, 3))
+        assert all(r.status == RequestStatus.FINISHED for r in engine.records.requests)
+
+
+def test_least_outstanding_picks_the_least_loaded_replica_at_each_arrival():
+    engines, specs, route = cluster("least_outstanding")
+    seen = []
+
+    def watching(engines, spec):
+        loads = [e.num_outstanding for e in engines]
+        target = route(engines, spec)
+        seen.append(loads[engines.index(target)] == min(loads))
+        return target
+
+    replay(engines, watching, specs)
+    assert all(seen) and len(seen) == 30
+    assert sum(len(e.records.requests) for e in engines) == 30
+    assert all(e.allocator.num_used_blocks == 0 for e in engines)
+
+
+def sim_config(*overrides: str):
+    return compose_config(["runner=sim", "progress=false", *overrides])
+
+
+def test_a_roofline_simulation_of_llama_2_7b_on_an_h100(tmp_path):
+    summary = run_job(sim_config("model=llama-2-7b", "runner.hardware=h100", "workload.num_requests=40",
+                                 "workload.rate=8", "concurrency=64"), tmp_path)
+    assert summary["num_finished"] == 40 and summary["cost_model"] == "RooflineCostModel"
+    assert summary["num_blocks"] == RooflineCostModel(LLAMA_7B, HARDWARE["h100"]).num_kv_blocks(16, 0.9)
+    assert 0.005 < summary["tpot_s_p50"] < 0.05  # a 7B model decodes in milliseconds per token on an H100
+    assert (tmp_path / "plots" / "steps.png").exists()
+
+
+def test_a_simulated_cluster_reports_each_replica(tmp_path):
+    summary = run_job(sim_config("model=llama-2-7b", "runner.hardware=h100", "workload.num_requests=30",
+                                 "workload.rate=20", "runner.replicas=3", "runner.router=least_outstanding"),
+                      tmp_path)
+    assert summary["replicas"] == 3 and summary["num_finished"] == 30
+    replicas = pd.read_csv(tmp_path / "replicas.csv")
+    assert len(replicas) == 3 and replicas.num_finished.sum() == 30
+    assert set(pd.read_csv(tmp_path / "steps.csv").replica) == {0, 1, 2}
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["model=tiny-llama"], "needs runner.hardware"),
+    (["runner.hardware=tpu-v9"], "unknown hardware 'tpu-v9'"),
+    (["runner.hardware=h100", "stop_at_eos=true"], "stop_at_eos needs runner=real"),
+    (["runner.profile=/no/such.csv"], "does not exist"),
+])
+def test_bad_simulation_configs_are_named(overrides, message, tmp_path):
+    with pytest.raises(ConfigError, match=message):
+        run_job(sim_config(*overrides), tmp_path)
+
+
+def test_a_described_model_cannot_run_for_real(tmp_path):
+    cfg = compose_config(["model=llama-2-7b", "progress=false"])
+    with pytest.raises(ConfigError, match="only described by its config"):
+        run_job(cfg, tmp_path)
+
+
+def test_profile_then_simulate(tmp_path):
+    profile = tmp_path / "profile.csv"
+    result = subprocess.run([sys.executable, "-m", "harness.profile", "--quick", "--repeats", "1", "--out",
+                             str(profile)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "# step_overhead_s:" in profile.read_text()
+    model = CalibratedCostModel.load(profile)
+    assert {"ragged", "padded"} == set(model.layouts)
+    summary = run_job(sim_config(f"runner.profile={profile}", "workload.num_requests=8"), tmp_path / "run")
+    assert summary["num_finished"] == 8 and summary["cost_model"] == "CalibratedCostModel"
+    assert model_config(sim_config().model).vocab_size == 8192
