@@ -119,11 +119,13 @@ class Engine:
         """Advance each scheduled request; returns those that got a new token."""
         advanced = []
         for chunk in plan.chunks:
-            request, samples = chunk.request, chunk.samples
+            request = chunk.request
             request.num_computed_tokens += chunk.num_tokens
-            is_prefill = request.num_computed_tokens < request.num_prompt_tokens
-            request.status = RequestStatus.PREFILLING if is_prefill else RequestStatus.DECODING
-            if not samples:
+            if request.num_computed_tokens < request.num_prompt_tokens:
+                request.status = RequestStatus.PREFILLING
+            else:
+                request.status = RequestStatus.DECODING
+            if not chunk.samples:
                 continue
             token = result.sampled[request.request_id]
             request.token_ids.append(token)

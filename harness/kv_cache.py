@@ -32,7 +32,11 @@ class BlockAllocator:
 
     def allocate(self, request_id: int, num_tokens: int) -> bool:
         """Grow the request's table to hold `num_tokens` slots. All or nothing: False if the blocks aren't free."""
-        table = self.block_tables.get(request_id, [])
+        table = self.block_tables.get(request_id)
+        if table is None:
+            table = []
+        elif len(table) * self.block_size >= num_tokens:
+            return True  # the common case: a decode token that fits in the last block
         missing = self.num_blocks_for(num_tokens) - len(table)
         if missing > len(self._free):
             return False

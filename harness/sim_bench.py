@@ -34,8 +34,8 @@ def main() -> None:
     print(f"{args.requests} ShareGPT-profile requests ({output_tokens} output tokens) at {args.rate} req/s, "
           f"Llama-2-7B on an H100 (roofline), concurrency {args.concurrency}")
     for name in ("static", "dynamic", "continuous"):
-        strategy_cfg = compose_config([f"strategy={name}", f"concurrency={args.concurrency}",
-                                       "strategy.max_batch_tokens=2048"]).strategy
+        budget = ["strategy.max_batch_tokens=2048"] if name == "continuous" else []
+        strategy_cfg = compose_config([f"strategy={name}", f"concurrency={args.concurrency}", *budget]).strategy
         allocator = BlockAllocator(costs.num_kv_blocks(16, 0.9), 16)
         engine = Engine(build_strategy(strategy_cfg, allocator), SimRunner(costs), allocator,
                         config.max_position_embeddings)

@@ -53,23 +53,23 @@ class Request:
         return self.num_prompt_tokens + self.max_new_tokens - 1
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledChunk:
     """`num_tokens` tokens of one request, starting at `start` (its num_computed_tokens), run in one step."""
 
     request: Request
     start: int
     num_tokens: int
+    # Whether this chunk reaches the request's last known token, so the step samples its next one. Fixed when
+    # the chunk is planned: the request grows once the step is applied.
+    samples: bool = field(init=False)
+    # One new token after the prompt; anything else (prompt chunks, recompute after preemption) is prefill.
+    is_decode: bool = field(init=False)
 
-    @property
-    def samples(self) -> bool:
-        """Whether this chunk reaches the request's last known token, so the step samples its next one."""
-        return self.start + self.num_tokens == self.request.num_tokens
-
-    @property
-    def is_decode(self) -> bool:
-        """One new token after the prompt; anything else (prompt chunks, recompute after preemption) is prefill."""
-        return self.num_tokens == 1 and self.samples and self.start >= self.request.num_prompt_tokens
+    def __post_init__(self) -> None:
+        request = self.request
+        self.samples = self.start + self.num_tokens == len(request.token_ids)
+        self.is_decode = self.num_tokens == 1 and self.samples and self.start >= request.num_prompt_tokens
 
 
 @dataclass

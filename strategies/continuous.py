@@ -35,12 +35,13 @@ class ContinuousBatching(Strategy):
         scheduled: dict[int, ScheduledChunk] = {}
         preempted: list[Request] = []
 
-        def is_decode(r: Request) -> bool:
-            return r.num_tokens - r.num_computed_tokens == 1 and r.num_computed_tokens >= r.num_prompt_tokens
-
-        # `running` is in admission order (oldest first); sorting is stable, so age breaks ties.
-        first_decodes = self.order == "decode_first"
-        for request in sorted(running, key=lambda r: is_decode(r) != first_decodes):
+        # `running` is in admission order (oldest first); each group keeps that order.
+        decodes, prefills = [], []
+        for r in running:
+            is_decode = len(r.token_ids) - r.num_computed_tokens == 1 and r.num_computed_tokens >= r.num_prompt_tokens
+            (decodes if is_decode else prefills).append(r)
+        order = decodes + prefills if self.order == "decode_first" else prefills + decodes
+        for request in order:
             if budget == 0:
                 break
             if request.status == RequestStatus.PREEMPTED:
