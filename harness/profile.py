@@ -22,8 +22,9 @@ from strategies import BatchPlan, ContinuousBatching, Request, ScheduledChunk
 from workloads import RequestSpec
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
-CONTEXTS = (1, 64, 256, 1024, 2047)
+CONTEXTS = (1, 64, 256, 512, 768, 1024, 1536, 2047)
 QUICK_TOKENS, QUICK_CONTEXTS = (1, 4, 16, 64), (1, 32, 128)
+WARMUPS = 3
 ROWS = 16  # sequences (ragged) or rows (padded) in the grid's steps, like the default concurrency
 
 
@@ -53,7 +54,10 @@ def measure(runner: RealRunner, allocator: BlockAllocator, plan: BatchPlan, repe
         if not allocator.allocate(chunk.request.request_id, chunk.request.num_tokens):
             raise RuntimeError("the profile's cache is too small for its own grid")
     try:
-        runner.execute(plan)  # warm-up
+        # A new shape runs slower for its first few calls (the CPU kernels pick and cache their plans), while a
+        # serving run repeats a shape step after step: warm up several times, then take the median.
+        for _ in range(WARMUPS):
+            runner.execute(plan)
         return statistics.median(runner.execute(plan).duration_s for _ in range(repeats))
     finally:
         for chunk in plan.chunks:
@@ -74,7 +78,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides: model, device, dtype, kv_cache.block_size")
     parser.add_argument("--out", type=Path, help="default results/profiles/<model>_<host>.csv")
     parser.add_argument("--quick", action="store_true", help="a small grid (seconds), for tests")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=7, help="timed runs of each shape, after warm-ups")
     args = parser.parse_args()
     cfg = compose_config(args.overrides)
     device = resolve_device(cfg.device)
