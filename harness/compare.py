@@ -9,6 +9,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 from hydra.experimental.callback import Callback
+from matplotlib import ticker
 
 from harness.plots import save_figure
 from harness.results import write_csv, write_text
@@ -44,6 +45,12 @@ def sweep_axis(runs: pd.DataFrame) -> str | None:
     return next((axis for axis in SWEEP_AXES if finished[axis].nunique(dropna=True) > 1), None)
 
 
+def _slo_text(runs: pd.DataFrame) -> str:
+    limits = [f"{name} <= {runs[key].iloc[0]:g} s" for key, name in (("slo_ttft_s", "TTFT"), ("slo_tpot_s", "TPOT"))
+              if key in runs and runs[key].notna().any()]
+    return ", ".join(limits) if limits else "no SLO set"
+
+
 def plot_comparison(runs: pd.DataFrame, plots_dir: Path) -> list[Path]:
     finished = runs[runs.status == "finished"]
     if finished.empty:
@@ -53,7 +60,7 @@ def plot_comparison(runs: pd.DataFrame, plots_dir: Path) -> list[Path]:
     if axis:
         label = {"rate": "request rate (req/s)", "concurrency": "max concurrent requests"}[axis]
         panels = [("output_throughput_tps", "output throughput (tok/s)", False),
-                  ("goodput_rps", "goodput (req/s meeting SLOs)", False),
+                  ("goodput_rps", f"goodput (req/s meeting {_slo_text(finished)})", False),
                   ("ttft_s_p50", "TTFT p50 (s)", True), ("ttft_s_p99", "TTFT p99 (s)", True)]
         fig, axes = plt.subplots(2, 2, figsize=(11, 7))
         for ax, (metric, title, log) in zip(axes.flat, panels):
@@ -62,6 +69,11 @@ def plot_comparison(runs: pd.DataFrame, plots_dir: Path) -> list[Path]:
             ax.set(title=title, xlabel=label)
             if log:
                 ax.set_yscale("log")
+            if finished[axis].max() >= 4 * finished[axis].min() > 0:
+                ax.set_xscale("log", base=2)  # sweeps double their load: equal steps on the axis
+                ax.set_xticks(sorted(finished[axis].unique()))
+                ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+                ax.xaxis.set_minor_formatter(ticker.NullFormatter())
             ax.grid(alpha=0.3)
         axes.flat[0].legend()
         fig.suptitle(f"Strategies against {label}", fontsize=11)

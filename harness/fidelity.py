@@ -61,7 +61,9 @@ def plot_errors(table: pd.DataFrame, path: Path) -> None:
         ax.axhspan(-10, 10, color="tab:green", alpha=0.08)
         ax.set(title=f"{arrival} arrivals", ylabel="simulated vs real (%)", xlabel="")
         ax.axhline(0, color="k", lw=0.8)
-        ax.legend(fontsize=8)
+        ax.get_legend().remove()
+    axes[0][-1].legend(*axes[0][-1].get_legend_handles_labels(), fontsize=8, loc="upper left",
+                       bbox_to_anchor=(1.0, 1.0))
     fig.suptitle("Simulator error per metric (shaded: the 10% target)", fontsize=11)
     save_figure(fig, path)
 

@@ -17,13 +17,13 @@ from kernels import ragged_paged_attention, ragged_paged_attention_ref, store_kv
 from kernels.reference import gather_kv
 
 
-def build_step(num_decodes, ctx_min, ctx_max, prefill, prefill_ctx, num_heads, num_kv_heads, head_dim, block_size,
-               dtype, device, seed=0):
+def random_paged_batch(q_lens, k_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, device,
+                       num_blocks=None, seed=0):
+    """A random paged cache holding each sequence's keys in shuffled blocks, and queries for the last q_len of
+    them: (q, k_cache, v_cache, cu_seqlens_q, seq_lens_k, block_table), the kernels' arguments."""
     gen = torch.Generator().manual_seed(seed)
-    k_lens = torch.randint(ctx_min, ctx_max + 1, (num_decodes,), generator=gen).tolist() + [prefill_ctx]
-    q_lens = [1] * num_decodes + [prefill]
     blocks = [-(-k // block_size) for k in k_lens]
-    num_blocks = sum(blocks)
+    num_blocks = num_blocks or sum(blocks) + 3
     k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(device, dtype)
     v_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(device, dtype)
     order = torch.randperm(num_blocks, generator=gen)
@@ -35,6 +35,16 @@ def build_step(num_decodes, ctx_min, ctx_max, prefill, prefill_ctx, num_heads, n
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()])
     q = torch.randn(int(cu[-1]), num_heads, head_dim, generator=gen).to(device, dtype)
     return q, k_cache, v_cache, cu.to(device), torch.tensor(k_lens, device=device), table.to(device)
+
+
+def build_step(num_decodes, ctx_min, ctx_max, prefill, prefill_ctx, num_heads, num_kv_heads, head_dim, block_size,
+               dtype, device, seed=0):
+    """A continuous-batching step: `num_decodes` decodes at random contexts plus one prefill chunk."""
+    gen = torch.Generator().manual_seed(seed)
+    k_lens = torch.randint(ctx_min, ctx_max + 1, (num_decodes,), generator=gen).tolist() + [prefill_ctx]
+    q_lens = [1] * num_decodes + [prefill]
+    return random_paged_batch(q_lens, k_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, device,
+                              seed=seed)
 
 
 def sdpa_per_sequence(q, k_cache, v_cache, cu, k_lens, table, scale):

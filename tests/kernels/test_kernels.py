@@ -9,30 +9,15 @@ import pytest
 import torch
 
 from kernels import padded_paged_attention, ragged_paged_attention, ragged_paged_attention_ref, store_kv, store_kv_ref
+from kernels.bench import random_paged_batch
 from tests.conftest import ROOT
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def make_batch(q_lens, k_lens, num_kv_heads, group, head_dim, block_size, dtype, num_blocks=None, seed=0):
-    """A paged cache holding each sequence's keys in shuffled blocks, and queries for the last q_len of them."""
-    gen = torch.Generator().manual_seed(seed)
-    blocks_per_seq = [math.ceil(k / block_size) for k in k_lens]
-    num_blocks = num_blocks or sum(blocks_per_seq) + 3
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache = torch.randn(shape, generator=gen).to(dtype)
-    v_cache = torch.randn(shape, generator=gen).to(dtype)
-    order = torch.randperm(num_blocks, generator=gen)
-    table = torch.full((len(k_lens), max(blocks_per_seq)), -1, dtype=torch.long)
-    used = 0
-    for s, n in enumerate(blocks_per_seq):
-        table[s, :n] = order[used:used + n]
-        used += n
-    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()])
-    q = torch.randn(int(cu[-1]), num_kv_heads * group, head_dim, generator=gen).to(dtype)
-    to = {"device": DEVICE}
-    return (q.to(**to), k_cache.to(**to), v_cache.to(**to), cu.to(**to), torch.tensor(k_lens).to(**to),
-            table.to(**to))
+    return random_paged_batch(q_lens, k_lens, num_kv_heads * group, num_kv_heads, head_dim, block_size, dtype,
+                              DEVICE, num_blocks, seed)
 
 
 def attention_in_dtype(q, k_cache, v_cache, cu, k_lens, table, scale):
