@@ -2,8 +2,9 @@
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+import numpy as np
 from tqdm import tqdm
 
 from harness.kv_cache import BlockAllocator
@@ -40,7 +41,7 @@ class Engine:
     of one workload compare directly."""
 
     def __init__(self, strategy: Strategy, runner, allocator: BlockAllocator, max_model_len: int,
-                 eos_token_id: int | None = None):
+                 eos_token_id: int | None = None, fast_forward: bool = True):
         self.strategy = strategy
         self.runner = runner
         self.allocator = allocator
@@ -52,6 +53,10 @@ class Engine:
         self.records = RunRecords()
         self.logits: dict[int, list] = {}  # request_id → per-token logits, when the runner keeps them
         self.num_output_tokens = 0
+        self.num_done = 0  # requests finished or rejected
+        self.owns_arrivals = False  # set by `replay` when this engine is the only replica
+        # A simulated runner can predict a run of identical decode steps at once (the records are the same).
+        self.fast_forward = fast_forward and hasattr(runner, "decode_run")
 
     @property
     def has_work(self) -> bool:
@@ -74,13 +79,19 @@ class Engine:
                                      f"({self.allocator.num_blocks})")
         if request.reject_reason:
             request.status = RequestStatus.REJECTED
+            self.num_done += 1
         else:
             self.waiting.append(request)
         self.records.requests.append(request)
         return request
 
-    def step(self) -> list[Request]:
-        """Schedule, execute and apply one step at the current clock; returns the requests it finished."""
+    def step(self, arrivals: deque[RequestSpec] | None = None) -> list[Request]:
+        """Schedule, execute and apply one step at the current clock; returns the requests it finished.
+
+        With a simulated runner, the decode-only steps that follow and change nothing but each request's length
+        (no finish, no admission, blocks to spare) are then run in bulk. `arrivals`, the time-ordered requests
+        still to come, are taken in on the way when they are this engine's alone; else the run stops at the next.
+        """
         step_start = time.perf_counter()
         plan = self.strategy.schedule(self.waiting, self.running)
         if not plan.chunks:
@@ -113,7 +124,56 @@ class Engine:
             if request.status == RequestStatus.FINISHED:
                 request.finish_s = self.clock
                 finished.append(request)
+        if self.fast_forward and not finished and not plan.preempted and len(advanced) == len(plan.chunks) and \
+                all(c.is_decode for c in plan.chunks) and self.strategy.is_steady(self.waiting, self.running):
+            self._run_decodes(plan, arrivals)
+        self.num_done += len(finished)
         return finished
+
+    def _run_decodes(self, plan: BatchPlan, arrivals: deque[RequestSpec] | None) -> None:
+        """Run the steady decode steps after `plan` in bulk, with the records step-by-step running would make."""
+        running = self.running
+        # Stop one step before the first request would finish: that step goes through `step` as usual.
+        steps = min(r.max_new_tokens - r.num_output_tokens for r in running) - 1
+        computed = np.array([r.num_computed_tokens for r in running])  # [S]
+        held = np.array([len(self.allocator.block_tables[r.request_id]) for r in running])  # [S] blocks
+        size = self.allocator.block_size
+        extra_blocks = [0]  # blocks newly needed by step j, over all requests
+        for j in range(1, steps + 1):
+            needed = int(np.maximum(-(-(computed + j) // size) - held, 0).sum())
+            if needed > self.allocator.num_free_blocks:
+                steps = j - 1  # the cache fills up: let the strategy decide that step (preemption)
+                break
+            extra_blocks.append(needed)
+        if steps <= 0:
+            return
+        durations = self.runner.decode_run(plan, steps)
+        base_used = self.allocator.num_used_blocks
+        template = self.records.steps[-1]
+        times = []
+        for j, (busy, overhead) in enumerate(durations, start=1):
+            while self.owns_arrivals and arrivals and arrivals[0].arrival_s <= self.clock:
+                self.add_request(arrivals.popleft())  # joins the queue (or is rejected) before this step
+            if arrivals and arrivals[0].arrival_s <= self.clock and not self.owns_arrivals:
+                break  # another replica may get it: the replay loop routes it first
+            if not self.strategy.is_steady(self.waiting, self.running):
+                break
+            self.records.steps.append(replace(template, step=len(self.records.steps), start_s=self.clock,
+                                              duration_s=busy + overhead, busy_s=busy, num_waiting=len(self.waiting),
+                                              kv_used_blocks=base_used + extra_blocks[j]))
+            self.clock += busy + overhead
+            times.append(self.clock)
+        done = len(times)
+        if not done:
+            return
+        token = self.runner.placeholder_token
+        for request, n in zip(running, computed.tolist()):
+            request.num_computed_tokens = n + done
+            request.token_ids.extend([token] * done)
+            request.token_times_s.extend(times)
+            allocated = self.allocator.allocate(request.request_id, n + done)
+            assert allocated, "the blocks were counted above"
+        self.num_output_tokens += done * len(running)
 
     def _apply(self, plan: BatchPlan, result) -> list[Request]:
         """Advance each scheduled request; returns those that got a new token."""
@@ -154,6 +214,7 @@ def replay(engines: list[Engine], route, specs: list[RequestSpec], progress: boo
     jumps to the arrival it receives.
     """
     pending = deque(sorted(specs, key=lambda s: s.arrival_s))
+    engines[0].owns_arrivals = len(engines) == 1
     bar = tqdm(total=len(specs), unit="req", disable=not progress, desc=desc, leave=False)
     while True:
         busy = [e for e in engines if e.has_work]
@@ -163,14 +224,12 @@ def replay(engines: list[Engine], route, specs: list[RequestSpec], progress: boo
             target = route(engines, spec)
             if not target.has_work:
                 target.clock = max(target.clock, spec.arrival_s)
-            if target.add_request(spec).status == RequestStatus.REJECTED:
-                bar.update()
+            target.add_request(spec)
         elif next_step is not None:
-            done = next_step.step()
-            if done:
+            if next_step.step(pending):
                 output = sum(e.num_output_tokens for e in engines)
                 bar.set_postfix_str(f"{output / max(e.clock for e in engines):.0f} output tok/s", refresh=False)
-                bar.update(len(done))
         else:
             break
+        bar.update(sum(e.num_done for e in engines) - bar.n)
     bar.close()

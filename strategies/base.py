@@ -136,6 +136,11 @@ class Strategy(ABC):
     def schedule(self, waiting: deque[Request], running: list[Request]) -> BatchPlan:
         """Plan the next step. `waiting` is FIFO; admitted requests move to the end of `running`."""
 
+    def is_steady(self, waiting: deque[Request], running: list[Request]) -> bool:
+        """Whether, until a request finishes or another arrives, every next step would decode each running
+        request once and do nothing else (given the blocks). A simulator may then run those steps in bulk."""
+        return False
+
     def on_finished(self, request: Request) -> None:
         """Called by the engine when a request is done; by default its blocks go back at once."""
         self.kv.free(request.request_id)

@@ -31,3 +31,6 @@ class DynamicBatching(Strategy):
             self.admit(waiting, running)
         chunks = [ScheduledChunk(r, r.num_computed_tokens, r.num_tokens - r.num_computed_tokens) for r in running]
         return BatchPlan(chunks=chunks, padded=True)
+
+    def is_steady(self, waiting: deque[Request], running: list[Request]) -> bool:
+        return not waiting or len(running) >= self.batch_size

@@ -10,6 +10,7 @@ PLACEHOLDER_TOKEN = 0  # what a simulated step "samples": only the count of toke
 
 class SimRunner:
     measures_wall_time = False
+    placeholder_token = PLACEHOLDER_TOKEN
 
     def __init__(self, cost_model):
         self.cost_model = cost_model
@@ -18,3 +19,8 @@ class SimRunner:
         sampled = {c.request.request_id: PLACEHOLDER_TOKEN for c in plan.chunks if c.samples}
         return StepResult(sampled=sampled, duration_s=self.cost_model.predict(step_shape(plan)),
                           overhead_s=self.cost_model.step_overhead_s)
+
+    def decode_run(self, plan: BatchPlan, steps: int) -> list[tuple[float, float]]:
+        """(model, overhead) seconds of the `steps` decode-only steps after `plan`, each row one token further."""
+        shape, overhead = step_shape(plan), self.cost_model.step_overhead_s
+        return [(self.cost_model.predict(shape.after_decodes(j)), overhead) for j in range(1, steps + 1)]
