@@ -23,10 +23,6 @@ class BlockAllocator:
     def num_used_blocks(self) -> int:
         return self.num_blocks - len(self._free)
 
-    @property
-    def utilization(self) -> float:
-        return self.num_used_blocks / self.num_blocks
-
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 

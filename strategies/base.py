@@ -98,10 +98,6 @@ class BatchPlan:
     def num_padding_tokens(self) -> int:
         return self.num_rows * self.row_width - self.num_scheduled_tokens if self.padded else 0
 
-    @property
-    def num_computed_tokens(self) -> int:
-        return self.num_scheduled_tokens + self.num_padding_tokens
-
 
 class KVBlocks(Protocol):
     """The part of the block allocator a strategy may use: bookkeeping only, no tensors."""

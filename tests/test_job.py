@@ -102,3 +102,25 @@ def test_every_source_runs_end_to_end(source, path, tmp_path):
     summary = run_job(cfg, tmp_path)
     assert summary["num_finished"] + summary["num_rejected"] == summary["num_requests"] >= 3
     assert summary["workload"] == source
+
+
+def test_a_local_hf_model_with_its_own_tokenizer_runs(tmp_path, tiny_model_cfg):
+    """`model=hf model.name=<path>`: weights and tokenizer from a folder, ShareGPT text through that tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from harness.model import build_random_model, model_config
+
+    folder = tmp_path / "model"
+    words = (ROOT / "tests" / "fixtures" / "sharegpt_small.json").read_text().split()
+    tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator(words, trainers.WordLevelTrainer(vocab_size=300, special_tokens=["[UNK]"]))
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]").save_pretrained(folder)
+    build_random_model(model_config(tiny_model_cfg), 0).save_pretrained(folder)
+    summary = run_job(compose_config([
+        "model=hf", f"model.name={folder}", "workload=sharegpt", "workload.max_output_len=4", "progress=false",
+        f"workload.path={ROOT / 'tests' / 'fixtures' / 'sharegpt_small.json'}", "strategy=dynamic"]), tmp_path / "run")
+    assert summary["num_finished"] == 3
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert f"tokenizer: the model's tokenizer ({folder})" in report  # not the cl100k fallback

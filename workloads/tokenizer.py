@@ -16,7 +16,8 @@ def text_encoder(vocab_size: int, hf_tokenizer=None) -> tuple[Callable[[str], li
     cares about.
     """
     if hf_tokenizer is not None:
-        return (lambda text: hf_tokenizer.encode(text, add_special_tokens=False)), type(hf_tokenizer).__name__
+        name = f"the model's tokenizer ({getattr(hf_tokenizer, 'name_or_path', '') or type(hf_tokenizer).__name__})"
+        return (lambda text: hf_tokenizer.encode(text, add_special_tokens=False)), name
     encoding = tiktoken.get_encoding(OFFLINE_ENCODING)
 
     def encode(text: str) -> list[int]:

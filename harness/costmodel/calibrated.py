@@ -84,7 +84,8 @@ class CalibratedCostModel:
 
     @classmethod
     def load(cls, path: str | Path) -> "CalibratedCostModel":
-        """A profile CSV written by `python -m harness.profile` (`# key: value` lines record its environment)."""
+        """A profile CSV written by `python -m harness.profile`; its `# key: value` lines record the environment
+        it was measured in, and the engine's own time per step (`step_overhead_s`), which the model adds."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"profile {str(path)!r} does not exist; make one with python -m harness.profile")
@@ -93,9 +94,7 @@ class CalibratedCostModel:
             if line.startswith("# ") and ": " in line:
                 key, value = line[2:].split(": ", 1)
                 meta[key] = value
-        model = cls(pd.read_csv(path, comment="#"), float(meta.get("step_overhead_s", 0.0)))
-        model.environment = meta
-        return model
+        return cls(pd.read_csv(path, comment="#"), float(meta.get("step_overhead_s", 0.0)))
 
     def predict(self, shape: StepShape) -> float:
         """Predicted seconds inside the model for a step of this shape."""
