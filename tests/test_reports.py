@@ -120,3 +120,14 @@ def test_compare_by_hand_on_run_folders(tmp_path):
 def test_comparison_of_nothing_is_an_error(tmp_path):
     with pytest.raises(SystemExit, match="no run folders"):
         write_comparison([tmp_path], tmp_path / "out")
+
+
+def test_a_parallel_sweep_of_simulations_with_the_joblib_launcher(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "harness", "-m", "hydra/launcher=joblib", "runner=sim",
+                             "model=llama-2-7b", "runner.hardware=h100", "strategy=static,continuous",
+                             "workload.rate=4,8", "workload.num_requests=12", "progress=false",
+                             f"hydra.sweep.dir={tmp_path}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    comparison = pd.read_csv(tmp_path / "comparison.csv")
+    assert len(comparison) == 4 and (comparison.status == "finished").all()
+    assert (tmp_path / "plots" / "metrics_vs_rate.png").read_bytes()[:8] == PNG
