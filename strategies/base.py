@@ -75,16 +75,17 @@ class ScheduledChunk:
 @dataclass
 class BatchPlan:
     """One forward pass. Ragged: the chunks concatenated into `[T]`. Padded: a `[rows, width]` rectangle where each
-    chunk is left-padded to the widest one and `num_idle_rows` rows hold no live request but are still computed."""
+    chunk is left-padded to the widest one, and the rows of `idle_rows` (finished requests whose rows a padded
+    engine keeps) are computed all padding, attending over their own cache rows as a padded engine would."""
 
     chunks: list[ScheduledChunk]
     padded: bool = False
-    num_idle_rows: int = 0
+    idle_rows: list[Request] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
 
     @property
     def num_rows(self) -> int:
-        return len(self.chunks) + self.num_idle_rows
+        return len(self.chunks) + len(self.idle_rows)
 
     @property
     def row_width(self) -> int:

@@ -32,7 +32,7 @@ class StaticBatching(Strategy):
         return BatchPlan(
             chunks=[ScheduledChunk(r, r.num_computed_tokens, 1) for r in live],
             padded=True,
-            num_idle_rows=len(self.batch) - len(live),
+            idle_rows=[r for r in self.batch if r.status == RequestStatus.FINISHED],
         )
 
     def _start_batch(self, waiting: deque[Request], running: list[Request]) -> BatchPlan:

@@ -75,7 +75,10 @@ class RealRunner:
         positions = torch.zeros((rows, width), dtype=torch.long)
         slots = torch.full((rows, width), -1, dtype=torch.long)
         query_lens, seq_lens_k, tables, sampling_rows = [0] * rows, [0] * rows, [[]] * rows, []
-        for b, chunk in enumerate(plan.chunks):  # idle rows are the trailing ones, all padding
+        for b, request in enumerate(plan.idle_rows, start=len(plan.chunks)):  # all padding, over its own rows
+            tables[b] = self.allocator.block_tables[request.request_id]
+            seq_lens_k[b] = request.num_computed_tokens
+        for b, chunk in enumerate(plan.chunks):
             request, n, end = chunk.request, chunk.num_tokens, chunk.start + chunk.num_tokens
             ids[b, width - n:] = torch.tensor(request.token_ids[chunk.start:end])
             positions[b, width - n:] = torch.arange(chunk.start, end)
