@@ -138,7 +138,8 @@ def run_job(cfg: DictConfig, run_dir: Path) -> dict:
     tables = [_tables(engine, blocks) for engine in engines]
     requests = pd.concat([t[0] for t in tables]).sort_values("request_id").reset_index(drop=True)
     steps = pd.concat([t[1].assign(replica=i) for i, t in enumerate(tables)], ignore_index=True)
-    itl = metrics.inter_token_latencies(RunRecords([r for e in engines for r in e.records.requests]))
+    records = [r for e in engines for r in e.records.requests]
+    itl = metrics.inter_token_latencies(RunRecords(records))
     summary = metrics.summarize(requests, steps, itl, labels, cfg.slo.ttft_s, cfg.slo.tpot_s)
     summary |= environment(device, dtype)
     if len(engines) > 1:
@@ -146,7 +147,6 @@ def run_job(cfg: DictConfig, run_dir: Path) -> dict:
             {"replica": i} | metrics.summarize(t[0], t[1], metrics.inter_token_latencies(e.records), {},
                                                 cfg.slo.ttft_s, cfg.slo.tpot_s)
             for i, (t, e) in enumerate(zip(tables, engines))]))
-    records = [r for e in engines for r in e.records.requests]
     _write(run_dir, cfg, records, requests, steps, summary, workload.info, bool(cfg.save_tokens))
     print(terminal_table(summary))
     print(f"results: {run_dir}")
