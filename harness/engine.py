@@ -124,8 +124,10 @@ class Engine:
             if request.status == RequestStatus.FINISHED:
                 request.finish_s = self.clock
                 finished.append(request)
-        if self.fast_forward and not finished and not plan.preempted and len(advanced) == len(plan.chunks) and \
-                all(c.is_decode for c in plan.chunks) and self.strategy.is_steady(self.waiting, self.running):
+        every_running_decoded = len(advanced) == len(plan.chunks) == len(self.running) and \
+            all(c.is_decode for c in plan.chunks)
+        if self.fast_forward and not finished and not plan.preempted and every_running_decoded and \
+                self.strategy.is_steady(self.waiting, self.running):
             self._run_decodes(plan, arrivals)
         self.num_done += len(finished)
         return finished
