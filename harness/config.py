@@ -39,10 +39,10 @@ def validate(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         if value is None and (key == "strategy.max_prefill_chunk" or not _present(cfg, key)):
             continue
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        if not _is_positive_int(value):
             raise ConfigError(f"{key} must be a positive integer; got {value!r}")
     blocks = cfg.kv_cache.num_blocks
-    if blocks != "auto" and (not isinstance(blocks, int) or isinstance(blocks, bool) or blocks < 1):
+    if blocks != "auto" and not _is_positive_int(blocks):
         raise ConfigError(f"kv_cache.num_blocks must be auto or a positive integer; got {blocks!r}")
     if cfg.runner.name == "real" and cfg.runner.replicas != 1:
         raise ConfigError("runner.replicas > 1 needs runner=sim: a real run drives one model")
@@ -50,6 +50,10 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("stop_at_eos needs runner=real: a simulation computes no tokens, so sees no EOS")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device=cuda but torch sees no CUDA device; use device=auto or device=cpu")
+
+
+def _is_positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def _present(cfg: DictConfig, key: str) -> bool:

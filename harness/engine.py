@@ -228,9 +228,10 @@ def replay(engines: list[Engine], route, specs: list[RequestSpec], progress: boo
                 target.clock = max(target.clock, spec.arrival_s)
             target.add_request(spec)
         elif next_step is not None:
-            if next_step.step(pending):
+            clock = max(e.clock for e in engines)
+            if next_step.step(pending) and progress and clock > 0:
                 output = sum(e.num_output_tokens for e in engines)
-                bar.set_postfix_str(f"{output / max(e.clock for e in engines):.0f} output tok/s", refresh=False)
+                bar.set_postfix_str(f"{output / clock:.0f} output tok/s", refresh=False)
         else:
             break
         bar.update(sum(e.num_done for e in engines) - bar.n)

@@ -59,7 +59,7 @@ def cost_model(cfg: DictConfig, config, dtype: torch.dtype):
             hardware = get_hardware(cfg.runner.hardware)
         except KeyError as e:
             raise ConfigError(f"runner.hardware: {e.args[0]}") from None
-        arch = Architecture.from_config(config, torch.tensor([], dtype=dtype).element_size())
+        arch = Architecture.from_config(config, dtype.itemsize)
         return RooflineCostModel(arch, hardware, cfg.runner.compute_efficiency, cfg.runner.memory_efficiency,
                                  cfg.runner.step_overhead_s)
     if not cfg.runner.profile:
@@ -83,7 +83,7 @@ def num_blocks(cfg: DictConfig, device: torch.device, costs, config, dtype: torc
             raise ConfigError(str(e)) from None
     if device.type == "cuda" and cfg.runner.name == "real":
         free, _ = torch.cuda.mem_get_info(device)  # the weights are already loaded
-        arch = Architecture.from_config(config, torch.tensor([], dtype=dtype).element_size())
+        arch = Architecture.from_config(config, dtype.itemsize)
         return int(free * fraction // (block_size * arch.kv_bytes_per_token))
     return CPU_NUM_BLOCKS
 

@@ -48,6 +48,12 @@ class Request:
         return self.token_ids[self.num_prompt_tokens:]
 
     @property
+    def is_decoding(self) -> bool:
+        """Its prompt is in the cache and only the last sampled token is not: the next step is one decode."""
+        computed = self.num_computed_tokens
+        return len(self.token_ids) - computed == 1 and computed >= self.num_prompt_tokens
+
+    @property
     def max_num_tokens(self) -> int:
         """Tokens held in the cache when the request finishes (the last sampled token is never computed)."""
         return self.num_prompt_tokens + self.max_new_tokens - 1
@@ -69,7 +75,7 @@ class ScheduledChunk:
     def __post_init__(self) -> None:
         request = self.request
         self.samples = self.start + self.num_tokens == len(request.token_ids)
-        self.is_decode = self.num_tokens == 1 and self.samples and self.start >= request.num_prompt_tokens
+        self.is_decode = self.num_tokens == 1 and request.is_decoding
 
 
 @dataclass

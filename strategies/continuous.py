@@ -38,8 +38,7 @@ class ContinuousBatching(Strategy):
         # `running` is in admission order (oldest first); each group keeps that order.
         decodes, prefills = [], []
         for r in running:
-            is_decode = len(r.token_ids) - r.num_computed_tokens == 1 and r.num_computed_tokens >= r.num_prompt_tokens
-            (decodes if is_decode else prefills).append(r)
+            (decodes if r.is_decoding else prefills).append(r)
         order = decodes + prefills if self.order == "decode_first" else prefills + decodes
         for request in order:
             if budget == 0:
