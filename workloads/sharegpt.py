@@ -2,19 +2,16 @@
 
 import json
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 
-from workloads.spec import WorkloadError
+from workloads.spec import WorkloadError, existing_file
 
 
 def load_sharegpt_pairs(path: str, encode, rng: np.random.Generator, num_requests: int,
                         min_len: int, max_prompt_len: int, max_total_len: int) -> tuple[list, dict]:
     """Up to `num_requests` (prompt_ids, completion_len) pairs and counts of what was read and dropped why."""
-    file = Path(path)
-    if not file.is_file():
-        raise WorkloadError(f"ShareGPT file {path!r} does not exist")
+    file = existing_file(path, "ShareGPT file")
     try:
         entries = json.loads(file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -1,10 +1,19 @@
 """The one currency between workloads and the engine: `RequestSpec`."""
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 class WorkloadError(ValueError):
     """Bad workload input: the message names the source, the entry and the problem."""
+
+
+def existing_file(path: str, what: str) -> Path:
+    """`path` as a Path, or the error that names it: `what` says which kind of file was expected."""
+    file = Path(path)
+    if not file.is_file():
+        raise WorkloadError(f"{what} {path!r} does not exist")
+    return file
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,11 @@
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from workloads.spec import WorkloadError
+from workloads.spec import WorkloadError, existing_file
 
 MOONCAKE_BLOCK_TOKENS = 512
 
@@ -30,9 +29,7 @@ class TraceRows:
 
 
 def _read_csv(path: str, columns: list[str]) -> pd.DataFrame:
-    file = Path(path)
-    if not file.is_file():
-        raise WorkloadError(f"trace file {path!r} does not exist")
+    file = existing_file(path, "trace file")
     try:
         table = pd.read_csv(file, skipinitialspace=True)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
@@ -102,9 +99,7 @@ def load_burstgpt(path: str, model: str | None = None) -> TraceRows:
 
 
 def load_mooncake(path: str) -> TraceRows:
-    file = Path(path)
-    if not file.is_file():
-        raise WorkloadError(f"trace file {path!r} does not exist")
+    file = existing_file(path, "trace file")
     stamps, prompts, outputs, hashes = [], [], [], []
     for line_no, line in enumerate(file.read_text().splitlines(), start=1):
         if not line.strip():
