@@ -1,1 +1,2 @@
-"""The harness: engine, KV cache bookkeeping, runners, metrics and reports. `python -m harness` runs one job."""
+"""The harness: `python -m harness` runs one job (or, with -m, a sweep). `core/` is the engine every run shares,
+`real/` and `sim/` the two runners, `analysis/` turns records into tables, plots and reports."""

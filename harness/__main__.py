@@ -10,9 +10,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from harness.analysis.results import RunStatus, write_json
 from harness.config import ConfigError
 from harness.job import run_job
-from harness.results import write_json
 from workloads import WorkloadError
 
 log = logging.getLogger("harness")
@@ -30,7 +30,7 @@ def main(cfg: DictConfig) -> None:
     try:
         run_job(cfg, run_dir)
     except (ConfigError, WorkloadError) as e:
-        write_json(run_dir / "status.json", {"status": "failed", "error": str(e)} | labels)
+        write_json(run_dir / "status.json", {"status": RunStatus.FAILED, "error": str(e)} | labels)
         if not in_sweep:
             sys.exit(f"error: {e}")
         log.error("%s", e)
@@ -40,11 +40,11 @@ def main(cfg: DictConfig) -> None:
         # which Hydra skips when a job raises.
         if not in_sweep:
             raise
-        write_json(run_dir / "status.json", {"status": "failed", "error": f"{type(e).__name__}: {e}",
+        write_json(run_dir / "status.json", {"status": RunStatus.FAILED, "error": f"{type(e).__name__}: {e}",
                                              "traceback": traceback.format_exc()} | labels)
         log.error("job failed: %s", traceback.format_exc())
         return
-    write_json(run_dir / "status.json", {"status": "finished"})
+    write_json(run_dir / "status.json", {"status": RunStatus.FINISHED})
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-from harness.model import DTYPES, SOURCES
-from harness.router import ROUTERS
+from harness.model_spec import DTYPE_BYTES, MODEL_SOURCES
+from harness.sim.router import ROUTERS
 from kernels import BACKENDS
 from strategies import STRATEGIES
 
@@ -17,11 +17,11 @@ POSITIVE_INTS = ("kv_cache.block_size", "workload.num_requests", "strategy.batch
                  "runner.replicas")
 CHOICES = {
     "device": ("auto", "cpu", "cuda"),
-    "dtype": ("auto", *DTYPES),
+    "dtype": ("auto", *DTYPE_BYTES),
     "strategy.name": tuple(STRATEGIES),
     "runner.name": ("real", "sim"),
     "runner.router": tuple(ROUTERS),
-    "model.source": SOURCES,
+    "model.source": MODEL_SOURCES,
     "kernel_backend": BACKENDS,
 }
 

@@ -7,6 +7,7 @@ FlashAttention's paged varlen API. On a CPU it runs the torch paths only (use sm
 """
 
 import argparse
+import math
 import statistics
 import time
 
@@ -22,7 +23,7 @@ def random_paged_batch(q_lens, k_lens, num_heads, num_kv_heads, head_dim, block_
     """A random paged cache holding each sequence's keys in shuffled blocks, and queries for the last q_len of
     them: (q, k_cache, v_cache, cu_seqlens_q, seq_lens_k, block_table), the kernels' arguments."""
     gen = torch.Generator().manual_seed(seed)
-    blocks = [-(-k // block_size) for k in k_lens]
+    blocks = [math.ceil(k / block_size) for k in k_lens]
     num_blocks = num_blocks or sum(blocks) + 3
     k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(device, dtype)
     v_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen).to(device, dtype)
@@ -92,6 +93,41 @@ def timed(fn, iters: int, device: str) -> float:
     return statistics.median(times)
 
 
+def run_bench(decodes: int = 64, ctx_min: int = 1024, ctx_max: int = 4096, prefill: int = 512,
+              prefill_ctx: int = 1024, heads: int = 32, kv_heads: int = 8, head_dim: int = 128, block_size: int = 16,
+              dtype: str = "bfloat16", iters: int = 20) -> dict[str, float]:
+    """Median seconds of each implementation on one continuous-batching step, measured side by side. Each one's
+    output is first checked against the torch reference (with a tolerance for its dtype), so a fast wrong kernel
+    never gets a time."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch_dtype = getattr(torch, dtype)
+    step = build_step(decodes, ctx_min, ctx_max, prefill, prefill_ctx, heads, kv_heads, head_dim, block_size,
+                      torch_dtype, device)
+    scale = head_dim**-0.5
+    candidates = {"torch reference": lambda: ragged_paged_attention_ref(*step, scale),
+                  "torch SDPA per sequence": lambda: sdpa_per_sequence(*step, scale)}
+    if device == "cuda":
+        candidates = {"triton": lambda: ragged_paged_attention(*step, scale, backend="triton")} | candidates
+        flash = flash_attn_paged()
+        if flash is not None and block_size % 256 == 0:
+            candidates["flash-attn varlen paged"] = lambda: flash(*step, scale)
+    expected = ragged_paged_attention_ref(*step, scale).float()
+    tolerance = 1e-4 if torch_dtype == torch.float32 else 3e-2
+    for name, fn in candidates.items():
+        error = (fn().float() - expected).abs().max().item()
+        if not error <= tolerance:
+            raise AssertionError(f"{name} differs from the torch reference by {error:.3g} (> {tolerance:g})")
+    results = {name: timed(fn, iters, device) for name, fn in candidates.items()}
+    # The step's K/V store, for scale: one new row per query token.
+    key = torch.randn(len(step[0]), kv_heads, head_dim, device=device, dtype=torch_dtype)
+    slots = torch.arange(len(key), device=device)
+    results["store_kv torch"] = timed(lambda: store_kv_ref(key, key, step[1], step[2], slots), iters, device)
+    if device == "cuda":
+        results["store_kv triton"] = timed(lambda: store_kv(key, key, step[1], step[2], slots, backend="triton"),
+                                           iters, device)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--decodes", type=int, default=64)
@@ -106,35 +142,16 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16", "float32"])
     parser.add_argument("--iters", type=int, default=20)
     args = parser.parse_args()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = getattr(torch, args.dtype)
-    step = build_step(args.decodes, args.ctx_min, args.ctx_max, args.prefill, args.prefill_ctx, args.heads,
-                      args.kv_heads, args.head_dim, args.block_size, dtype, device)
-    scale = args.head_dim**-0.5
-    print(f"device {device}, {args.dtype}: {args.decodes} decodes at context {args.ctx_min}-{args.ctx_max} + "
-          f"one {args.prefill}-token prefill chunk; H_q={args.heads}, H_kv={args.kv_heads}, D={args.head_dim}, "
-          f"block {args.block_size}")
-    candidates = {"torch reference": lambda: ragged_paged_attention_ref(*step, scale),
-                  "torch SDPA per sequence": lambda: sdpa_per_sequence(*step, scale)}
-    if device == "cuda":
-        candidates = {"triton": lambda: ragged_paged_attention(*step, scale, backend="triton")} | candidates
-        flash = flash_attn_paged()
-        if flash is not None and args.block_size % 256 == 0:
-            candidates["flash-attn varlen paged"] = lambda: flash(*step, scale)
-        elif flash is not None:
-            print("flash-attn: skipped, its paged API needs --block-size a multiple of 256")
-    results = {name: timed(fn, args.iters, device) for name, fn in candidates.items()}
-    baseline = results.get("triton", results["torch reference"])
+    print(f"{args.dtype}: {args.decodes} decodes at context {args.ctx_min}-{args.ctx_max} + one {args.prefill}-token "
+          f"prefill chunk; H_q={args.heads}, H_kv={args.kv_heads}, D={args.head_dim}, block {args.block_size}")
+    results = run_bench(**{k.replace("-", "_"): v for k, v in vars(args).items()})
+    attention = {k: v for k, v in results.items() if not k.startswith("store_kv")}
+    baseline_name = next(iter(attention))
+    for name, seconds in attention.items():
+        print(f"{name:26s} {seconds * 1e3:9.3f} ms   {seconds / attention[baseline_name]:6.2f}x the {baseline_name}")
     for name, seconds in results.items():
-        print(f"{name:26s} {seconds * 1e3:9.3f} ms   {seconds / baseline:6.2f}x the {next(iter(results))}")
-    # The step's K/V store, for scale: one new row per query token.
-    key = torch.randn(len(step[0]), args.kv_heads, args.head_dim, device=device, dtype=dtype)
-    slots = torch.arange(len(key), device=device)
-    stores = {"store_kv torch": lambda: store_kv_ref(key, key, step[1], step[2], slots)}
-    if device == "cuda":
-        stores["store_kv triton"] = lambda: store_kv(key, key, step[1], step[2], slots, backend="triton")
-    for name, fn in stores.items():
-        print(f"{name:26s} {timed(fn, args.iters, device) * 1e3:9.3f} ms")
+        if name.startswith("store_kv"):
+            print(f"{name:26s} {seconds * 1e3:9.3f} ms")
 
 
 if __name__ == "__main__":

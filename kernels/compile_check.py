@@ -4,6 +4,8 @@ The interpreter accepts code the GPU compiler rejects (`break`, small `tl.dot` t
 Triton's own compiler for sm_80 and sm_90 with the tile sizes the GPU path uses. Needs TRITON_INTERPRET unset.
 """
 
+import argparse
+import json
 import time
 
 import triton
@@ -50,12 +52,27 @@ def sources():
     yield "store_kv bf16", store_source("bfloat16")
 
 
-def main() -> None:
+def compile_all() -> list[dict]:
+    """Compile every kernel for every target: one row per (target, kernel) with its cubin size and compile time."""
+    rows = []
     for arch, target in TARGETS.items():
         for name, source in sources():
             start = time.perf_counter()
             compiled = triton.compile(source, target=target)
-            print(f"{arch} {name}: {len(compiled.asm['cubin'])} bytes of cubin in {time.perf_counter() - start:.1f} s")
+            rows.append({"target": arch, "kernel": name, "cubin_bytes": len(compiled.asm["cubin"]),
+                         "seconds": time.perf_counter() - start})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    rows = compile_all()
+    if parser.parse_args().json:
+        print(json.dumps(rows))
+        return
+    for row in rows:
+        print(f"{row['target']} {row['kernel']}: {row['cubin_bytes']} bytes of cubin in {row['seconds']:.1f} s")
 
 
 if __name__ == "__main__":

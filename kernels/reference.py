@@ -4,6 +4,8 @@ Shapes: T tokens in a step, S sequences, H_q / H_kv query / key-value heads, D h
 cache `[num_blocks, block_size, H_kv, D]`, block tables `[S, max_blocks]` padded with -1.
 """
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -20,7 +22,7 @@ def store_kv_ref(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, 
 def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, k_len: int) -> torch.Tensor:
     """The first `k_len` cached tokens of one sequence: `[k_len, H_kv, D]`."""
     block_size = cache.shape[1]
-    blocks = block_table_row[: -(-k_len // block_size)]
+    blocks = block_table_row[: math.ceil(k_len / block_size)]
     return cache.index_select(0, blocks).flatten(0, 1)[:k_len]
 
 
@@ -28,7 +30,7 @@ def gather_kv_padded(cache: torch.Tensor, block_table: torch.Tensor, k_max: int)
     """The first `k_max` cached slots of each sequence: `[S, k_max, H_kv, D]`. Slots past a sequence's length (and
     its -1 table entries, read as block 0) hold junk that the caller must mask."""
     num_seqs, block_size = block_table.shape[0], cache.shape[1]
-    blocks = block_table[:, : -(-k_max // block_size)].clamp(min=0)  # [S, nb]
+    blocks = block_table[:, : math.ceil(k_max / block_size)].clamp(min=0)  # [S, nb]
     # index_select on the flattened table is several times faster on CPU than advanced indexing.
     gathered = cache.index_select(0, blocks.flatten()).view(num_seqs, -1, *cache.shape[2:])  # [S, nb*bs, H, D]
     return gathered[:, :k_max]

@@ -1,26 +1,42 @@
 """What strategies and the engine share: the request, its state, the batch plan and the strategy interface.
 
-Strategies decide *which tokens run next*; they touch no tensors. The engine applies what the runner returns.
+Who writes what (one writer per piece of state, as in vLLM v1's `update_from_output`):
+- the engine writes every field of a `Request` and moves requests between its queues; it applies each plan's
+  admissions and preemptions and each step's result;
+- a strategy only reads requests and queues, holds cache blocks for requests through `KVBlocks`, and says in
+  its `BatchPlan` what it decided: which waiting requests enter (`admitted`), which running ones are evicted
+  (`preempted`), and which tokens run;
+- the runner reads the plan and the block tables, and returns tokens and a duration.
 """
 
 import enum
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 
 class RequestStatus(enum.IntEnum):
+    """A request's lifecycle. Whether it is prefilling or decoding is not a state: it follows from its token
+    counts (`Request.is_decoding`), as vLLM v1 schedules tokens per request, with no prefill or decode phase."""
+
     WAITING = 0
-    PREFILLING = 1
-    DECODING = 2
-    PREEMPTED = 3
-    FINISHED = 4
-    REJECTED = 5
+    RUNNING = 1
+    PREEMPTED = 2  # evicted from the cache, back in the queue to recompute its tokens
+    FINISHED = 3
+    REJECTED = 4  # could never be served (longer than the context, bigger than the cache)
+
+    @property
+    def label(self) -> str:
+        """The name written in result tables."""
+        return self.name.lower()
 
 
 @dataclass(eq=False)
 class Request:
+    """One request inside an engine. Written by the engine alone (see the module docstring)."""
+
     request_id: int
     arrival_s: float
     token_ids: list[int]  # prompt, then every generated token
@@ -80,13 +96,19 @@ class ScheduledChunk:
 
 @dataclass
 class BatchPlan:
-    """One forward pass. Ragged: the chunks concatenated into `[T]`. Padded: a `[rows, width]` rectangle where each
-    chunk is left-padded to the widest one, and the rows of `idle_rows` (finished requests whose rows a padded
-    engine keeps) are computed all padding, attending over their own cache rows as a padded engine would."""
+    """One forward pass, and the queue changes the strategy decided for it.
+
+    Ragged: the chunks concatenated into `[T]`. Padded: a `[rows, width]` rectangle where each chunk is
+    left-padded to the widest one, and the rows of `idle_rows` (finished requests whose rows a padded engine
+    keeps) are computed all padding, attending over their own cache rows as a padded engine would.
+    `admitted` are taken from the head of the waiting queue, in order; `preempted` leave the running list, in the
+    order they were chosen, and go back to the head of the queue.
+    """
 
     chunks: list[ScheduledChunk]
     padded: bool = False
     idle_rows: list[Request] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
 
     @property
@@ -123,7 +145,7 @@ class KVBlocks(Protocol):
 
 
 class Strategy(ABC):
-    """A scheduling policy. It reads the engine's queues, moves requests between them, and returns a plan."""
+    """A scheduling policy: reads the engine's queues and returns a plan; never writes a request."""
 
     name: str
 
@@ -136,10 +158,10 @@ class Strategy(ABC):
         """The most requests that can hold cache blocks at once."""
 
     @abstractmethod
-    def schedule(self, waiting: deque[Request], running: list[Request]) -> BatchPlan:
-        """Plan the next step. `waiting` is FIFO; admitted requests move to the end of `running`."""
+    def schedule(self, waiting: deque[Request], running: Sequence[Request]) -> BatchPlan:
+        """Plan the next step. `waiting` is FIFO; `running` is in admission order (oldest first)."""
 
-    def is_steady(self, waiting: deque[Request], running: list[Request]) -> bool:
+    def is_steady(self, waiting: deque[Request], running: Sequence[Request]) -> bool:
         """Whether, until a request finishes or another arrives, every next step would decode each running
         request once and do nothing else (given the blocks). A simulator may then run those steps in bulk."""
         return False
@@ -147,9 +169,3 @@ class Strategy(ABC):
     def on_finished(self, request: Request) -> None:
         """Called by the engine when a request is done; by default its blocks go back at once."""
         self.kv.free(request.request_id)
-
-    def admit(self, waiting: deque[Request], running: list[Request]) -> Request:
-        request = waiting.popleft()
-        request.status = RequestStatus.PREFILLING
-        running.append(request)
-        return request

@@ -1,8 +1,9 @@
 """Continuous batching: a ragged batch under a token budget, decodes first, chunked prefill fills the rest."""
 
 from collections import deque
+from collections.abc import Sequence
 
-from strategies.base import BatchPlan, KVBlocks, Request, RequestStatus, ScheduledChunk, Strategy
+from strategies.base import BatchPlan, KVBlocks, Request, ScheduledChunk, Strategy
 
 ORDERS = ("decode_first", "prefill_first")
 
@@ -30,12 +31,12 @@ class ContinuousBatching(Strategy):
     def max_concurrency(self) -> int:
         return self.max_num_seqs
 
-    def schedule(self, waiting: deque[Request], running: list[Request]) -> BatchPlan:
+    def schedule(self, waiting: deque[Request], running: Sequence[Request]) -> BatchPlan:
         budget = self.max_batch_tokens
         scheduled: dict[int, ScheduledChunk] = {}
+        staying = list(running)  # admission order: preemption victims come off the end, newest first
         preempted: list[Request] = []
 
-        # `running` is in admission order (oldest first); each group keeps that order.
         decodes, prefills = [], []
         for r in running:
             (decodes if r.is_decoding else prefills).append(r)
@@ -43,13 +44,16 @@ class ContinuousBatching(Strategy):
         for request in order:
             if budget == 0:
                 break
-            if request.status == RequestStatus.PREEMPTED:
+            if request in preempted:
                 continue
             num_new = self._num_new_tokens(request, budget)
             while not self.kv.allocate(request.request_id, request.num_computed_tokens + num_new):
-                victim = running[-1]  # the newest running request, which may be this one
-                budget += self._preempt(victim, running, waiting, scheduled)
+                # Recompute-style preemption: the victim's cache goes; the engine queues it first again.
+                victim = staying.pop()
+                self.kv.free(victim.request_id)
                 preempted.append(victim)
+                chunk = scheduled.pop(victim.request_id, None)
+                budget += chunk.num_tokens if chunk else 0
                 if victim is request:
                     break
             else:
@@ -57,32 +61,23 @@ class ContinuousBatching(Strategy):
                 budget -= num_new
 
         # Preempting means the cache is full: admitting now would only preempt again.
-        while not preempted and waiting and budget > 0 and len(running) < self.max_num_seqs:
-            request = waiting[0]
-            num_new = self._num_new_tokens(request, budget)
-            if not self.kv.allocate(request.request_id, num_new):
-                break
-            self.admit(waiting, running)
-            scheduled[request.request_id] = ScheduledChunk(request, 0, num_new)
-            budget -= num_new
+        admitted: list[Request] = []
+        if not preempted:
+            for request in waiting:
+                if budget == 0 or len(staying) + len(admitted) >= self.max_num_seqs:
+                    break
+                num_new = self._num_new_tokens(request, budget)
+                if not self.kv.allocate(request.request_id, num_new):
+                    break
+                admitted.append(request)
+                scheduled[request.request_id] = ScheduledChunk(request, 0, num_new)
+                budget -= num_new
 
-        return BatchPlan(chunks=list(scheduled.values()), preempted=preempted)
+        return BatchPlan(chunks=list(scheduled.values()), admitted=admitted, preempted=preempted)
 
-    def is_steady(self, waiting: deque[Request], running: list[Request]) -> bool:
+    def is_steady(self, waiting: deque[Request], running: Sequence[Request]) -> bool:
         nobody_enters = not waiting or len(running) >= self.max_num_seqs
         return nobody_enters and len(running) <= self.max_batch_tokens
 
     def _num_new_tokens(self, request: Request, budget: int) -> int:
         return min(request.num_tokens - request.num_computed_tokens, budget, self.max_prefill_chunk)
-
-    def _preempt(self, victim: Request, running: list[Request], waiting: deque[Request],
-                 scheduled: dict[int, ScheduledChunk]) -> int:
-        """Recompute-style preemption: drop the victim's cache, queue it first. Returns budget given back."""
-        self.kv.free(victim.request_id)
-        running.remove(victim)
-        waiting.appendleft(victim)
-        victim.status = RequestStatus.PREEMPTED
-        victim.num_computed_tokens = 0
-        victim.num_preemptions += 1
-        chunk = scheduled.pop(victim.request_id, None)
-        return chunk.num_tokens if chunk else 0

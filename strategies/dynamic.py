@@ -1,6 +1,7 @@
 """Dynamic batching: padded rows, but a finished row is refilled at once with a waiting request."""
 
 from collections import deque
+from collections.abc import Sequence
 
 from strategies.base import BatchPlan, KVBlocks, Request, ScheduledChunk, Strategy
 
@@ -24,13 +25,17 @@ class DynamicBatching(Strategy):
     def max_concurrency(self) -> int:
         return self.batch_size
 
-    def schedule(self, waiting: deque[Request], running: list[Request]) -> BatchPlan:
-        while waiting and len(running) < self.batch_size:
-            if not self.kv.allocate(waiting[0].request_id, waiting[0].max_num_tokens):
+    def schedule(self, waiting: deque[Request], running: Sequence[Request]) -> BatchPlan:
+        admitted = []
+        for request in waiting:
+            if len(running) + len(admitted) >= self.batch_size:
+                break
+            if not self.kv.allocate(request.request_id, request.max_num_tokens):
                 break  # FIFO: the head of the queue waits for blocks, nobody overtakes it
-            self.admit(waiting, running)
-        chunks = [ScheduledChunk(r, r.num_computed_tokens, r.num_tokens - r.num_computed_tokens) for r in running]
-        return BatchPlan(chunks=chunks, padded=True)
+            admitted.append(request)
+        chunks = [ScheduledChunk(r, r.num_computed_tokens, r.num_tokens - r.num_computed_tokens)
+                  for r in (*running, *admitted)]
+        return BatchPlan(chunks=chunks, padded=True, admitted=admitted)
 
-    def is_steady(self, waiting: deque[Request], running: list[Request]) -> bool:
+    def is_steady(self, waiting: deque[Request], running: Sequence[Request]) -> bool:
         return not waiting or len(running) >= self.batch_size

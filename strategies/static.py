@@ -1,6 +1,7 @@
 """Static batching: fill a batch when it is empty, then run it until its longest request is done."""
 
 from collections import deque
+from collections.abc import Sequence
 from itertools import islice
 
 from strategies.base import BatchPlan, KVBlocks, Request, RequestStatus, ScheduledChunk, Strategy
@@ -25,9 +26,9 @@ class StaticBatching(Strategy):
     def max_concurrency(self) -> int:
         return self.batch_size
 
-    def schedule(self, waiting: deque[Request], running: list[Request]) -> BatchPlan:
+    def schedule(self, waiting: deque[Request], running: Sequence[Request]) -> BatchPlan:
         if not self.batch:
-            return self._start_batch(waiting, running)
+            return self._start_batch(waiting)
         live = [r for r in self.batch if r.status != RequestStatus.FINISHED]
         return BatchPlan(
             chunks=[ScheduledChunk(r, r.num_computed_tokens, 1) for r in live],
@@ -35,7 +36,7 @@ class StaticBatching(Strategy):
             idle_rows=[r for r in self.batch if r.status == RequestStatus.FINISHED],
         )
 
-    def _start_batch(self, waiting: deque[Request], running: list[Request]) -> BatchPlan:
+    def _start_batch(self, waiting: deque[Request]) -> BatchPlan:
         # Take the longest FIFO prefix of the queue whose rectangle fits in the cache.
         candidates = list(islice(waiting, self.batch_size))
         rows = 0
@@ -43,12 +44,13 @@ class StaticBatching(Strategy):
             if k * self.kv.num_blocks_for(self._rectangle_width(candidates[:k])) > self.kv.num_free_blocks:
                 break
             rows = k
-        self.batch = [self.admit(waiting, running) for _ in range(rows)]
+        self.batch = candidates[:rows]
         width = self._rectangle_width(self.batch)
         for request in self.batch:
             allocated = self.kv.allocate(request.request_id, width)
             assert allocated, "the rectangle was sized to fit the free blocks"
-        return BatchPlan(chunks=[ScheduledChunk(r, 0, r.num_tokens) for r in self.batch], padded=True)
+        return BatchPlan(chunks=[ScheduledChunk(r, 0, r.num_tokens) for r in self.batch], padded=True,
+                         admitted=list(self.batch))
 
     @staticmethod
     def _rectangle_width(requests: list[Request]) -> int:
@@ -56,7 +58,7 @@ class StaticBatching(Strategy):
             return 0
         return max(r.num_prompt_tokens for r in requests) + max(r.max_new_tokens for r in requests) - 1
 
-    def is_steady(self, waiting: deque[Request], running: list[Request]) -> bool:
+    def is_steady(self, waiting: deque[Request], running: Sequence[Request]) -> bool:
         return bool(self.batch)  # nothing joins mid-batch
 
     def on_finished(self, request: Request) -> None:

@@ -1,4 +1,5 @@
-"""Shared fixtures: the default tiny model (runner copy and reference copy) and an engine-run helper."""
+"""Shared fixtures: the default tiny model (runner copy and reference copy), request makers, and the two test
+doubles every engine test uses — `StepCost`, a cost model with known coefficients, and `ScriptedRunner`."""
 
 from pathlib import Path
 
@@ -6,12 +7,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from harness.engine import Engine
-from harness.kv_cache import BlockAllocator
-from harness.model import build_random_model, model_config
-from harness.runners import StepResult
-from harness.runners.real import RealRunner
-from strategies import STRATEGIES
+from harness.core.replica import build_replica
+from harness.real.model import build_random_model, model_config
+from harness.real.runner import RealRunner
+from harness.sim.costmodel import step_shape
 from workloads import RequestSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,33 +46,58 @@ def make_specs(lengths: list[tuple[int, int]], vocab_size: int = 8192, seed: int
     ]
 
 
-def run_engine(model, specs, strategy: str, block_size: int = 4, num_blocks: int = 256, keep_logits=False,
-               max_model_len: int = 2048, kernel_backend: str = "auto", **options):
-    allocator = BlockAllocator(num_blocks, block_size)
-    runner = RealRunner(model, allocator, keep_logits, kernel_backend)
-    engine = Engine(STRATEGIES[strategy](allocator, **options), runner,
-                    allocator, max_model_len=max_model_len)
-    return engine.run(specs), engine, allocator
+class StepCost:
+    """A cost model with known coefficients: fixed + per computed token + per query-key pair, plus an overhead.
+    Growing with the step's shape, so a simulation that got a step's shape wrong gets its duration wrong too."""
+
+    def __init__(self, fixed_s: float = 0.01, per_token_s: float = 0.0, per_pair_s: float = 0.0,
+                 step_overhead_s: float = 0.0):
+        self.fixed_s, self.per_token_s, self.per_pair_s = fixed_s, per_token_s, per_pair_s
+        self.step_overhead_s = step_overhead_s
+
+    def predict(self, shape) -> float:
+        return self.fixed_s + self.per_token_s * shape.num_tokens + self.per_pair_s * shape.attention_pairs
 
 
-class FixedStepRunner:
-    """A stand-in for the runner in scheduler tests: every step takes `step_s` and samples token 7."""
+class ScriptedRunner:
+    """Stands in for a runner: samples the `inner` runner's tokens (or always `token`), takes each step's time
+    from `cost` so clocks are exact, and keeps every plan and the logits the inner runner returns."""
 
     measures_wall_time = False
 
-    def __init__(self, step_s: float = 0.01):
-        self.step_s = step_s
+    def __init__(self, inner=None, cost: StepCost | None = None, token: int = 7):
+        self.inner, self.cost, self.token = inner, cost or StepCost(), token
         self.plans = []
+        self.logits: dict[int, list] = {}  # request_id → [V] per sampled token
 
     def execute(self, plan):
+        from harness.core.runner import StepResult
+
         self.plans.append(plan)
-        return StepResult(sampled={c.request.request_id: 7 for c in plan.chunks if c.samples}, duration_s=self.step_s)
+        if self.inner is not None:
+            result = self.inner.execute(plan)
+        else:
+            result = StepResult(sampled={c.request.request_id: self.token for c in plan.chunks if c.samples},
+                                duration_s=0.0)
+        for request_id, row in result.logits.items():
+            self.logits.setdefault(request_id, []).append(row)
+        result.duration_s = self.cost.predict(step_shape(plan))
+        result.overhead_s = self.cost.step_overhead_s
+        return result
+
+
+def run_engine(model, specs, strategy: str, block_size: int = 4, num_blocks: int = 256, keep_logits=False,
+               max_model_len: int = 2048, kernel_backend: str = "auto", **options):
+    """The real runner on `model`, with scripted step times: (records, engine, runner with the kept logits)."""
+    engine = build_replica(strategy, options,
+                           lambda a: ScriptedRunner(RealRunner(model, a, keep_logits, kernel_backend)),
+                           num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len)
+    return engine.run(specs), engine, engine.runner
 
 
 def run_schedule(specs, strategy: str, block_size: int = 4, num_blocks: int = 256, max_model_len: int = 2048,
-                 **options):
-    """Run the engine with `FixedStepRunner`: the schedule alone, no model."""
-    allocator = BlockAllocator(num_blocks, block_size)
-    runner = FixedStepRunner()
-    engine = Engine(STRATEGIES[strategy](allocator, **options), runner, allocator, max_model_len=max_model_len)
-    return engine.run(specs), runner, allocator
+                 eos_token_ids=(), **options):
+    """The schedule alone, no model: (records, runner with every plan, allocator)."""
+    engine = build_replica(strategy, options, lambda a: ScriptedRunner(), num_blocks=num_blocks,
+                           block_size=block_size, max_model_len=max_model_len, eos_token_ids=eos_token_ids)
+    return engine.run(specs), engine.runner, engine.allocator

@@ -6,6 +6,7 @@ import sys
 
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
 from harness.config import ConfigError, compose_config
 from harness.job import run_job
@@ -42,7 +43,8 @@ def test_a_run_writes_its_tables_summary_and_report(strategy, tmp_path):
     assert [len(t["output_ids"]) for t in sorted(tokens, key=lambda t: t["request_id"])] == list(
         requests.sort_values("request_id").max_new_tokens)
     assert "padding" in (tmp_path / "report.md").read_text()
-    assert "max_num_seqs" in (tmp_path / "config.yaml").read_text() or strategy != "continuous"
+    cfg = config(f"strategy={strategy}", "save_tokens=true")
+    assert OmegaConf.load(tmp_path / "config.yaml") == OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
 
 
 def test_a_request_longer_than_the_context_is_rejected_and_the_rest_run(tmp_path):
@@ -109,7 +111,7 @@ def test_a_local_hf_model_with_its_own_tokenizer_runs(tmp_path, tiny_model_cfg):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from harness.model import build_random_model, model_config
+    from harness.real.model import build_random_model, model_config
 
     folder = tmp_path / "model"
     words = (ROOT / "tests" / "fixtures" / "sharegpt_small.json").read_text().split()
@@ -124,3 +126,16 @@ def test_a_local_hf_model_with_its_own_tokenizer_runs(tmp_path, tiny_model_cfg):
     assert summary["num_finished"] == 3
     report = (tmp_path / "run" / "report.md").read_text()
     assert f"tokenizer: the model's tokenizer ({folder})" in report  # not the cl100k fallback
+
+
+def test_stop_at_eos_honours_a_list_of_eos_ids(tmp_path):
+    """A config whose eos_token_id is a list (Llama-3's are) still stops generation at any of them."""
+    free = run_job(config("strategy=continuous", "save_tokens=true", "workload.num_requests=2"), tmp_path / "free")
+    assert free["num_finished"] == 2
+    outputs = [json.loads(line)["output_ids"] for line in (tmp_path / "free" / "tokens.jsonl").read_text().splitlines()]
+    stop = outputs[0][0]  # request 0's first token: with it as an EOS id, request 0 ends at once
+    assert len(outputs[0]) > 1
+    run_job(config("strategy=continuous", "save_tokens=true", "workload.num_requests=2", "stop_at_eos=true",
+                   f"+model.config.eos_token_id=[8191,{stop}]"), tmp_path / "eos")
+    stopped = [json.loads(line)["output_ids"] for line in (tmp_path / "eos" / "tokens.jsonl").read_text().splitlines()]
+    assert stopped[0] == [stop]

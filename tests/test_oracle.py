@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from harness.runners import attention
+from harness.real import attention
 from strategies import RequestStatus
 from tests.conftest import make_specs, run_engine
 
@@ -37,14 +37,14 @@ def generate(model, spec):
     return _generated[key]
 
 
-def assert_matches_generate(records, engine, reference_model, specs):
+def assert_matches_generate(records, runner, reference_model, specs):
     assert len(records.requests) == len(specs)
     for request, spec in zip(sorted(records.requests, key=lambda r: r.request_id), specs):
         tokens, logits = generate(reference_model, spec)
         assert request.status == RequestStatus.FINISHED
         assert request.output_ids == tokens, f"request {spec.request_id}"
-        if engine.logits:
-            ours = torch.stack(engine.logits[spec.request_id])  # [max_new_tokens, V]
+        if runner.logits:
+            ours = torch.stack(runner.logits[spec.request_id])  # [max_new_tokens, V]
             torch.testing.assert_close(ours, logits, atol=1e-4, rtol=1e-4)
 
 
@@ -52,9 +52,10 @@ def assert_matches_generate(records, engine, reference_model, specs):
 def test_every_strategy_matches_generate(setting, runner_model, reference_model):
     strategy, options = SETTINGS[setting]
     specs = make_specs(LENGTHS)
-    records, engine, allocator = run_engine(runner_model, specs, strategy, keep_logits=True, **options)
-    assert_matches_generate(records, engine, reference_model, specs)
-    assert allocator.num_used_blocks == 0
+    records, engine, runner = run_engine(runner_model, specs, strategy, keep_logits=True, **options)
+    assert len(runner.logits) == len(specs)  # the logits check below really ran
+    assert_matches_generate(records, runner, reference_model, specs)
+    assert engine.allocator.num_used_blocks == 0
     if setting == "continuous-preempting":
         assert sum(r.num_preemptions for r in records.requests) > 0
 
@@ -63,8 +64,8 @@ def test_staggered_arrivals_match_generate(runner_model, reference_model):
     specs = make_specs(LENGTHS, arrivals=[0.0, 0.0, 0.01, 0.02, 0.5, 0.5])
     for strategy, options in (("dynamic", dict(batch_size=2)), ("continuous", dict(max_batch_tokens=9,
                                                                                     max_num_seqs=3))):
-        records, engine, _ = run_engine(runner_model, specs, strategy, block_size=3, **options)
-        assert_matches_generate(records, engine, reference_model, specs)
+        records, _, runner = run_engine(runner_model, specs, strategy, block_size=3, **options)
+        assert_matches_generate(records, runner, reference_model, specs)
 
 
 def test_oracle_catches_attention_leaking_across_requests(runner_model, reference_model, monkeypatch):
@@ -78,14 +79,14 @@ def test_oracle_catches_attention_leaking_across_requests(runner_model, referenc
 
     monkeypatch.setattr(attention, "ragged_paged_attention", leaky)
     specs = make_specs(LENGTHS)
-    records, engine, _ = run_engine(runner_model, specs, "continuous", max_batch_tokens=64, max_num_seqs=6)
+    records, _, runner = run_engine(runner_model, specs, "continuous", max_batch_tokens=64, max_num_seqs=6)
     with pytest.raises(AssertionError):
-        assert_matches_generate(records, engine, reference_model, specs)
+        assert_matches_generate(records, runner, reference_model, specs)
 
 
 def test_the_runner_on_the_triton_kernels_matches_generate(runner_model, reference_model):
     """The runner's Triton path end to end (interpreted on CPU): a mixed batch of chunked prefills and decodes."""
     specs = make_specs([(9, 3), (4, 4), (14, 2)])
-    records, engine, _ = run_engine(runner_model, specs, "continuous", block_size=4, keep_logits=True,
+    records, _, runner = run_engine(runner_model, specs, "continuous", block_size=4, keep_logits=True,
                                     kernel_backend="triton", max_batch_tokens=12, max_num_seqs=3)
-    assert_matches_generate(records, engine, reference_model, specs)
+    assert_matches_generate(records, runner, reference_model, specs)

@@ -1,6 +1,8 @@
 """Metric definitions on hand-computed cases, run plots, and sweeps ending in a comparison."""
 
 import math
+import os
+import stat
 import subprocess
 import sys
 
@@ -8,9 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness import metrics
-from harness.compare import load_runs, write_comparison
-from harness.engine import RunRecords, StepRecord
+from harness.analysis import metrics
+from harness.analysis.compare import load_runs, write_comparison
+from harness.analysis.report import duration
+from harness.analysis.results import write_text
+from harness.core.records import RunRecords, StepRecord
 from strategies import Request, RequestStatus
 from tests.conftest import ROOT
 
@@ -106,7 +110,7 @@ def test_compare_by_hand_on_run_folders(tmp_path):
     (tmp_path / "e").mkdir()
     (tmp_path / "e" / "status.json").write_text('{"status": "failed", "error": "boom"}')
     out = tmp_path / "out"
-    result = subprocess.run([sys.executable, "-m", "harness.compare", str(tmp_path / "*"), "--out", str(out)],
+    result = subprocess.run([sys.executable, "-m", "harness.analysis.compare", str(tmp_path / "*"), "--out", str(out)],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     runs = load_runs(sorted(p for p in tmp_path.iterdir() if p.name != "out"))
@@ -131,3 +135,20 @@ def test_a_parallel_sweep_of_simulations_with_the_joblib_launcher(tmp_path):
     comparison = pd.read_csv(tmp_path / "comparison.csv")
     assert len(comparison) == 4 and (comparison.status == "finished").all()
     assert (tmp_path / "plots" / "metrics_vs_rate.png").read_bytes()[:8] == PNG
+
+
+def test_result_files_get_the_usual_permissions(tmp_path):
+    """Atomic writes must not leave files readable to their owner alone (mkstemp's 0600): results are shared."""
+    old = os.umask(0o022)
+    try:
+        write_text(tmp_path / "a.txt", "x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "a.txt").stat().st_mode) == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["a.txt"]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("seconds,shown", [(0.00085, "850 µs"), (0.0123, "12.3 ms"), (4.567, "4.57 s"),
+                                           (556.1413, "556 s"), (556141.3, "154.5 h"), (math.nan, "n/a")])
+def test_durations_are_shown_in_units_a_person_reads(seconds, shown):
+    assert duration(seconds) == shown

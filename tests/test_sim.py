@@ -3,31 +3,36 @@
 import subprocess
 import sys
 
-import numpy as np
 import pandas as pd
 import pytest
 
 from harness.config import ConfigError, compose_config
-from harness.costmodel import CalibratedCostModel, RooflineCostModel, StepShape
-from harness.costmodel.calibrated import GridInterpolator
-from harness.costmodel.hardware import HARDWARE
-from harness.costmodel.roofline import Architecture
-from harness.engine import Engine, replay
-from harness.job import run_job
-from harness.kv_cache import BlockAllocator
-from harness.model import model_config
-from harness.router import ROUTERS
-from harness.runners.real import RealRunner
-from harness.runners.sim import SimRunner
-from strategies import STRATEGIES, RequestStatus
-from tests.conftest import ROOT, make_specs
+from harness.core.engine import Engine
+from harness.core.replay import replay
+from harness.core.replica import build_replica
+from harness.job import CPU_NUM_BLOCKS, auto_num_blocks, run_job
+from harness.model_spec import Architecture
+from harness.real.runner import RealRunner
+from harness.sim.costmodel import CalibratedCostModel, RooflineCostModel, StepShape
+from harness.sim.costmodel.calibrated import GridInterpolator
+from harness.sim.costmodel.hardware import HARDWARE, Hardware
+from harness.sim.engine import SimEngine
+from harness.sim.router import ROUTERS
+from harness.sim.runner import SimRunner
+from strategies import RequestStatus
+from tests.conftest import ROOT, ScriptedRunner, StepCost, make_specs
 
 LLAMA_7B = Architecture(32, 4096, 11008, 32, 32, 128, 32000, 2)
 
 
+def made_up_cost(tokens: float, context: float, padded: bool = False) -> float:
+    """1 ms + 10 us per token + 1 ns per query-key pair (+0.2 ms padded): bilinear in (tokens, context)."""
+    return 1e-3 + 1e-5 * tokens + 1e-9 * tokens * context + (2e-4 if padded else 0.0)
+
+
 def profile_table() -> pd.DataFrame:
-    """A made-up profile: duration = 1 ms + 10 us per token + 1 ns per query-key pair, on a grid."""
-    rows = [(layout, t, c, 1e-3 + 1e-5 * t + 1e-9 * t * c + (2e-4 if layout == "padded" else 0.0))
+    """A made-up profile of `made_up_cost` on a grid."""
+    rows = [(layout, t, c, made_up_cost(t, c, layout == "padded"))
             for layout in ("ragged", "padded") for t in (1, 4, 16, 64) for c in (1, 32, 128)]
     return pd.DataFrame(rows, columns=["layout", "num_tokens", "mean_context", "duration_s"])
 
@@ -44,14 +49,12 @@ def test_calibrated_model_is_exact_on_grid_points():
             row.duration_s, rel=1e-12)
 
 
-def test_calibrated_model_interpolates_and_extrapolates_linearly_without_failing():
+@pytest.mark.parametrize("tokens,context", [(40, 80), (4096, 2000), (4, 0.5), (200, 3)])
+def test_calibrated_model_interpolates_and_extrapolates_linearly_without_failing(tokens, context):
+    """Bilinear interpolation, and linear extrapolation along the edge segments, reproduce a bilinear cost
+    exactly: between grid points and far beyond them (no error, no clamp)."""
     model = CalibratedCostModel(profile_table())
-    # Between grid points the made-up cost is bilinear in (tokens, context): interpolation recovers it.
-    assert model.predict(shape(40, 80)) == pytest.approx(1e-3 + 1e-5 * 40 + 1e-9 * 40 * 80, rel=0.05)
-    # Far beyond the grid: a finite, larger answer along the last segments' slope, never an error.
-    beyond = model.predict(shape(4096, 2000))
-    assert np.isfinite(beyond) and beyond > model.predict(shape(64, 128))
-    assert model.predict(shape(1, 0.5)) >= 0
+    assert model.predict(shape(tokens, context)) == pytest.approx(made_up_cost(tokens, context), rel=1e-9)
 
 
 def test_calibrated_model_is_monotonic_in_tokens_even_on_noisy_profiles():
@@ -66,7 +69,9 @@ def test_unmeasured_grid_cells_are_filled_along_the_row():
     table = profile_table()
     table = table[~((table.num_tokens == 64) & (table.mean_context == 1))]  # infeasible: 64-token chunk, 1 key
     grid = GridInterpolator.from_points(table[table.layout == "ragged"])
-    assert np.isfinite(grid.values).all()
+    # Extended along its row, never below the row's cheapest measurement (fewer keys cannot cost less than that).
+    assert grid.values[3, 0] == pytest.approx(made_up_cost(64, 32), rel=1e-12)
+    assert grid.values[3, 1:] == pytest.approx([made_up_cost(64, 32), made_up_cost(64, 128)], rel=1e-12)
 
 
 def test_a_profile_without_both_layouts_is_refused(tmp_path):
@@ -91,35 +96,14 @@ def test_roofline_decode_is_memory_bound_and_a_big_prefill_compute_bound():
         RooflineCostModel(LLAMA_7B, HARDWARE["l4"]).num_kv_blocks(16, 0.5)
 
 
-class FixedDuration:
-    """Wraps a runner so every step takes the same predicted time: the strategies then see identical clocks."""
-
-    measures_wall_time = False
-
-    def __init__(self, runner, step_s: float = 0.02):
-        self.runner, self.step_s = runner, step_s
-
-    def execute(self, plan):
-        result = self.runner.execute(plan)
-        result.duration_s = self.step_s
-        return result
-
-
-class ConstantCost:
-    step_overhead_s = 0.0
-
-    def predict(self, shape):
-        return 0.02
-
-
 @pytest.mark.parametrize("strategy,options", [("static", dict(batch_size=3)), ("dynamic", dict(batch_size=3)),
                                               ("continuous", dict(max_batch_tokens=16, max_num_seqs=3))])
 def test_real_and_simulated_runs_make_the_same_schedule(strategy, options, runner_model):
     specs = make_specs([(12, 4), (5, 6), (20, 2), (7, 5), (3, 3)], arrivals=[0.0, 0.0, 0.03, 0.05, 0.2])
+    cost = StepCost(0.004, per_token_s=1e-4, per_pair_s=1e-6)
     schedules = []
-    for make_runner in (lambda a: FixedDuration(RealRunner(runner_model, a)), lambda a: SimRunner(ConstantCost())):
-        allocator = BlockAllocator(64, 4)
-        engine = Engine(STRATEGIES[strategy](allocator, **options), make_runner(allocator), allocator, 2048)
+    for make_runner in (lambda a: ScriptedRunner(RealRunner(runner_model, a), cost), lambda a: SimRunner(cost)):
+        engine = build_replica(strategy, options, make_runner, num_blocks=64, block_size=4, max_model_len=2048)
         records = engine.run(specs)
         schedules.append([(s.start_s, s.num_prefill_tokens, s.num_decode_tokens, s.num_padding_tokens, s.num_seqs)
                           for s in records.steps])
@@ -127,18 +111,16 @@ def test_real_and_simulated_runs_make_the_same_schedule(strategy, options, runne
 
 
 def cluster(router: str, replicas: int = 3):
-    engines = []
-    for _ in range(replicas):
-        allocator = BlockAllocator(64, 4)
-        strategy = STRATEGIES["continuous"](allocator, max_batch_tokens=32, max_num_seqs=4)
-        engines.append(Engine(strategy, SimRunner(ConstantCost()), allocator, 2048))
+    engines = [build_replica("continuous", dict(max_batch_tokens=32, max_num_seqs=4),
+                             lambda a: SimRunner(StepCost(0.02)), num_blocks=64, block_size=4, max_model_len=2048,
+                             engine_class=SimEngine) for _ in range(replicas)]
     specs = make_specs([(8, 3 + (i % 5) * 4) for i in range(30)], arrivals=[0.01 * i for i in range(30)])
     return engines, specs, ROUTERS[router]()
 
 
 def test_round_robin_spreads_requests_in_turn():
     engines, specs, route = cluster("round_robin")
-    replay(engines, route, specs)
+    replay(engines, specs, route)
     for i, engine in enumerate(engines):
         assert [r.request_id for r in engine.records.requests] == list(range(i, 30, 3))
         assert all(r.status == RequestStatus.FINISHED for r in engine.records.requests)
@@ -154,7 +136,7 @@ def test_least_outstanding_picks_the_least_loaded_replica_at_each_arrival():
         seen.append(loads[engines.index(target)] == min(loads))
         return target
 
-    replay(engines, watching, specs)
+    replay(engines, specs, watching)
     assert all(seen) and len(seen) == 30
     assert sum(len(e.records.requests) for e in engines) == 30
     assert all(e.allocator.num_used_blocks == 0 for e in engines)
@@ -202,7 +184,7 @@ def test_a_described_model_cannot_run_for_real(tmp_path):
 
 def test_profile_then_simulate(tmp_path):
     profile = tmp_path / "profile.csv"
-    result = subprocess.run([sys.executable, "-m", "harness.profile", "--quick", "--repeats", "1", "--out",
+    result = subprocess.run([sys.executable, "-m", "harness.sim.step_profile", "--quick", "--repeats", "1", "--out",
                              str(profile)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "# step_overhead_s:" in profile.read_text()
@@ -210,40 +192,35 @@ def test_profile_then_simulate(tmp_path):
     assert {"ragged", "padded"} == set(model.layouts)
     summary = run_job(sim_config(f"runner.profile={profile}", "workload.num_requests=8"), tmp_path / "run")
     assert summary["num_finished"] == 8 and summary["cost_model"] == "CalibratedCostModel"
-    assert model_config(sim_config().model).vocab_size == 8192
-
-
-class GrowingCost:
-    """A cost that depends on the step's shape, so bulk decode runs must reproduce every step's duration."""
-
-    step_overhead_s = 0.001
-
-    def predict(self, shape):
-        return 0.004 + 1e-4 * shape.num_tokens + 1e-6 * shape.attention_pairs
 
 
 @pytest.mark.parametrize("strategy,options", [("static", dict(batch_size=4)), ("dynamic", dict(batch_size=4)),
                                               ("continuous", dict(max_batch_tokens=24, max_num_seqs=4))])
 @pytest.mark.parametrize("replicas", [1, 2])
-def test_bulk_decode_runs_make_exactly_the_records_of_step_by_step(strategy, options, replicas):
+def test_bulk_decode_runs_make_exactly_the_records_of_step_by_step(strategy, options, replicas, monkeypatch):
     lengths = [(5 + 7 * (i % 4), 3 + 11 * (i % 5)) for i in range(24)]
     specs = make_specs(lengths, arrivals=[0.05 * i for i in range(24)])
-    results, bulk_steps = [], []
-
-    class CountingSim(SimRunner):
-        def decode_run(self, plan, steps):
-            bulk_steps.append(steps)
-            return super().decode_run(plan, steps)
-
-    for fast_forward in (False, True):
-        engines = []
-        for _ in range(replicas):
-            allocator = BlockAllocator(40, 4)  # small enough for continuous to preempt
-            engines.append(Engine(STRATEGIES[strategy](allocator, **options), CountingSim(GrowingCost()),
-                                  allocator, 2048, fast_forward=fast_forward))
-        replay(engines, ROUTERS["least_outstanding"](), specs)
+    cost = StepCost(0.004, per_token_s=1e-4, per_pair_s=1e-6, step_overhead_s=0.001)  # shape-dependent
+    bulk_steps = []
+    decode_run = SimRunner.decode_run
+    monkeypatch.setattr(SimRunner, "decode_run", lambda self, plan, steps: bulk_steps.append(steps) or
+                        decode_run(self, plan, steps))
+    results = []
+    for engine_class in (Engine, SimEngine):  # step by step, then with the bulk path
+        # 40 blocks: small enough for continuous to preempt
+        engines = [build_replica(strategy, options, lambda a: SimRunner(cost), num_blocks=40, block_size=4,
+                                 max_model_len=2048, engine_class=engine_class) for _ in range(replicas)]
+        replay(engines, specs, ROUTERS["least_outstanding"]() if replicas > 1 else None)
         results.append(([[vars(s) for s in e.records.steps] for e in engines],
                         [[(r.request_id, r.token_times_s, r.num_preemptions, r.status) for r in e.records.requests]
                          for e in engines]))
     assert results[0] == results[1]
     assert sum(bulk_steps) > 20  # the bulk path really ran
+
+
+def test_a_cpu_gets_the_real_cpu_runs_cache_whatever_its_name():
+    cpu = Hardware("my laptop", 1e12, 50e9, 16e9, kind="cpu")
+    arch = Architecture(4, 256, 688, 8, 2, 32, 8192, 4)
+    assert auto_num_blocks(RooflineCostModel(arch, cpu), 16, 0.9) == CPU_NUM_BLOCKS
+    gpu = Hardware("cpu-named accelerator", 1e15, 3e12, 80e9)
+    assert auto_num_blocks(RooflineCostModel(arch, gpu), 16, 0.9) == RooflineCostModel(arch, gpu).num_kv_blocks(16, 0.9)

@@ -4,7 +4,7 @@ from collections import deque
 
 import pytest
 
-from harness.kv_cache import BlockAllocator
+from harness.core.kv_cache import BlockAllocator
 from strategies import ContinuousBatching, DynamicBatching, Request, RequestStatus
 from tests.conftest import make_specs, run_schedule
 
@@ -12,7 +12,7 @@ from tests.conftest import make_specs, run_schedule
 def decoding_request(request_id: int, prompt_len: int, num_output: int, max_new: int = 100) -> Request:
     """A request mid-decode: prompt and all outputs but the last computed."""
     request = Request(request_id=request_id, arrival_s=0.0, token_ids=[1] * (prompt_len + num_output),
-                      num_prompt_tokens=prompt_len, max_new_tokens=max_new, status=RequestStatus.DECODING)
+                      num_prompt_tokens=prompt_len, max_new_tokens=max_new, status=RequestStatus.RUNNING)
     request.num_computed_tokens = request.num_tokens - 1
     return request
 
@@ -109,3 +109,50 @@ def test_idle_engine_jumps_to_the_next_arrival():
     late = records.requests[1]
     assert late.token_times_s[0] == pytest.approx(10.0 + 0.01)  # one 10 ms step after it arrived
     assert records.steps[-1].start_s >= 10.0
+
+
+def snapshot(queues):
+    """Every field of every request in the queues, and the queues' order."""
+    return [[(id(r), {k: (list(v) if isinstance(v, list) else v) for k, v in vars(r).items()}) for r in q]
+            for q in queues]
+
+
+@pytest.mark.parametrize("strategy,options", [("static", dict(batch_size=3)), ("dynamic", dict(batch_size=3)),
+                                              ("continuous", dict(max_batch_tokens=12, max_num_seqs=4))])
+def test_strategies_only_read_requests_and_queues(strategy, options):
+    """The engine is the one writer of request state: a strategy's `schedule` reports admissions and preemptions
+    in its plan and changes nothing itself (a small cache makes continuous preempt)."""
+    specs = make_specs([(9, 12), (3, 20), (14, 6), (5, 15), (11, 9), (2, 30)], arrivals=[0, 0, 0, 0.05, 0.05, 0.1])
+    seen = {"plans": 0, "preempted": 0}
+
+    def checked(schedule):
+        def wrapper(waiting, running):
+            before = snapshot([waiting, running])
+            plan = schedule(waiting, running)
+            assert snapshot([waiting, running]) == before
+            assert plan.admitted == list(waiting)[:len(plan.admitted)]
+            assert all(any(r is p for r in running) for p in plan.preempted)
+            seen["plans"] += 1
+            seen["preempted"] += len(plan.preempted)
+            return plan
+        return wrapper
+
+    from harness.core.replica import build_replica
+    from tests.conftest import ScriptedRunner
+
+    engine = build_replica(strategy, options, lambda a: ScriptedRunner(), num_blocks=14, block_size=4,
+                           max_model_len=2048)
+    engine.strategy.schedule = checked(engine.strategy.schedule)
+    records = engine.run(specs)
+    assert all(r.status == RequestStatus.FINISHED for r in records.requests)
+    assert seen["plans"] == len(records.steps)
+    if strategy == "continuous":
+        assert seen["preempted"] > 0  # the preemption path was checked too
+
+
+def test_any_of_several_eos_ids_ends_a_request():
+    """Llama-3 lists several EOS ids; a request stops at whichever it samples first."""
+    records, _, _ = run_schedule(make_specs([(5, 10), (7, 10)]), "continuous", max_batch_tokens=16,
+                                 max_num_seqs=2, eos_token_ids=[3, 7])  # the scripted runner samples 7
+    assert [r.num_output_tokens for r in records.requests] == [1, 1]
+    assert all(r.status == RequestStatus.FINISHED for r in records.requests)

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from harness.inspect import workload_stats
 from tests.conftest import ROOT, SHARED_DATA
 from workloads import WorkloadError, build_workload
 from workloads.arrivals import arrival_times
+from workloads.describe import workload_stats
 
 FIXTURE = ROOT / "tests" / "fixtures" / "sharegpt_small.json"
 
@@ -192,8 +192,9 @@ def test_any_synthetic_workload_is_ordered_clamped_and_deterministic(seed, n, di
 
 def test_inspect_prints_statistics_and_saves_a_png(tmp_path):
     out = tmp_path / "w.png"
-    result = subprocess.run([sys.executable, "-m", "harness.inspect", "workload=synthetic", "workload.arrival=constant",
-                             "workload.rate=2", "workload.num_requests=11", "--out", str(out)],
+    result = subprocess.run([sys.executable, "-m", "harness.describe", "workload=synthetic",
+                             "workload.arrival=constant", "workload.rate=2", "workload.num_requests=11",
+                             "--out", str(out)],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "arrival rate req/s" in result.stdout and "2.000" in result.stdout

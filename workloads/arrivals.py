@@ -16,7 +16,8 @@ def arrival_times(kind: str, n: int, rng: np.random.Generator, rate: float | Non
     burstier: the gaps' coefficient of variation is 1/sqrt(burstiness)).
     """
     if kind not in ARRIVALS:
-        raise WorkloadError(f"unknown arrival process {kind!r}; choose one of {', '.join(ARRIVALS)}")
+        raise WorkloadError(f"unknown workload.arrival {kind!r}; choose trace (a trace's own timestamps) or one of "
+                            f"{', '.join(ARRIVALS)}")
     if kind == "offline" or rate is None:
         return np.zeros(n)
     if not rate > 0:

@@ -1,5 +1,6 @@
 """Triton kernels against their torch references: on CUDA when there is one, else in Triton's interpreter."""
 
+import json
 import math
 import os
 import subprocess
@@ -9,7 +10,8 @@ import pytest
 import torch
 
 from kernels import padded_paged_attention, ragged_paged_attention, ragged_paged_attention_ref, store_kv, store_kv_ref
-from kernels.bench import random_paged_batch
+from kernels.bench import random_paged_batch, run_bench
+from kernels.compile_check import sources
 from tests.conftest import ROOT
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -127,19 +129,31 @@ def test_padded_attention_matches_ragged_on_the_real_tokens():
 def test_kernels_compile_for_sm80_and_sm90(tmp_path):
     """The interpreter accepts code the GPU compiler rejects: compile for real targets, with a fresh cache."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
-    result = subprocess.run([sys.executable, "-m", "kernels.compile_check"], cwd=ROOT, env=env,
+    result = subprocess.run([sys.executable, "-m", "kernels.compile_check", "--json"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count("bytes of cubin") == 8
+    rows = json.loads(result.stdout)
+    kernels = {name for name, _ in sources()}
+    assert {(r["target"], r["kernel"]) for r in rows} == {(t, k) for t in ("sm_80", "sm_90") for k in kernels}
+    assert all(r["cubin_bytes"] > 0 for r in rows)
 
 
-def test_the_benchmark_runs_and_prints_ratios():
-    result = subprocess.run([sys.executable, "-m", "kernels.bench", "--decodes", "3", "--ctx-min", "16", "--ctx-max",
-                             "40", "--prefill", "16", "--prefill-ctx", "20", "--heads", "4", "--kv-heads", "2",
-                             "--head-dim", "32", "--dtype", "float32", "--iters", "2"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "x the" in result.stdout and "store_kv torch" in result.stdout
+def test_the_benchmark_checks_and_times_every_implementation():
+    results = run_bench(decodes=3, ctx_min=16, ctx_max=40, prefill=16, prefill_ctx=20, heads=4, kv_heads=2,
+                        head_dim=32, dtype="float32", iters=2)
+    expected = {"torch reference", "torch SDPA per sequence", "store_kv torch"}
+    if DEVICE == "cuda":
+        expected |= {"triton", "store_kv triton"}
+    assert expected <= set(results) and all(seconds > 0 for seconds in results.values())
+
+
+def test_the_benchmark_refuses_to_time_a_wrong_implementation(monkeypatch):
+    import kernels.bench
+
+    monkeypatch.setattr(kernels.bench, "sdpa_per_sequence", lambda q, *args: torch.zeros_like(q))
+    with pytest.raises(AssertionError, match="torch SDPA per sequence differs from the torch reference"):
+        run_bench(decodes=2, ctx_min=8, ctx_max=9, prefill=4, prefill_ctx=6, heads=2, kv_heads=1, head_dim=16,
+                  dtype="float32", iters=1)
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ from dataclasses import asdict
 import numpy as np
 import pandas as pd
 
-from harness.engine import RunRecords
+from harness.core.records import RunRecords
 from strategies import RequestStatus
 
 PERCENTILES = (50, 90, 99)
@@ -21,7 +21,7 @@ def requests_table(records: RunRecords) -> pd.DataFrame:
         finish = r.finish_s if r.finish_s is not None else math.nan
         rows.append({
             "request_id": r.request_id,
-            "status": r.status.name.lower(),
+            "status": r.status.label,
             "reject_reason": r.reject_reason or "",
             "arrival_s": r.arrival_s,
             "prompt_len": r.num_prompt_tokens,
@@ -77,8 +77,9 @@ def meets_slo(finished: pd.DataFrame, ttft_s: float | None, tpot_s: float | None
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: np.ndarray, labels: dict,
               slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> dict:
-    """The flat `summary.json` contract of DESIGN.md, in SI units, plus queueing, step shape and goodput."""
-    finished = requests[requests.status == RequestStatus.FINISHED.name.lower()]
+    """The flat `summary.json` record (README, "Reading a run"): SI units; counts, throughput, latency
+    distributions, goodput, padding, KV use, step shape and where the time went."""
+    finished = requests[requests.status == RequestStatus.FINISHED.label]
     start = requests.arrival_s.min()
     makespan = float(finished.finish_s.max() - start) if len(finished) else 0.0
     output_tokens = int(finished.num_output_tokens.sum())
@@ -97,7 +98,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: np.ndarray, labe
     summary = dict(labels) | {
         "num_requests": len(requests),
         "num_finished": len(finished),
-        "num_rejected": int((requests.status == RequestStatus.REJECTED.name.lower()).sum()),
+        "num_rejected": int((requests.status == RequestStatus.REJECTED.label).sum()),
         "num_preemptions": int(requests.num_preemptions.sum()),
         "num_steps": len(steps),
         "makespan_s": makespan,

@@ -1,18 +1,12 @@
-"""Look at a workload before running it: `python -m harness.inspect workload=<name> [key=value ...]`.
+"""What a workload looks like before it runs: counts, length percentiles, arrival rate and burstiness, and a
+picture of its lengths and arrivals."""
 
-Prints its statistics (count, length percentiles, arrival rate, burstiness) and saves a histogram plot.
-"""
-
-import argparse
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
-import pandas as pd
 
-from harness.config import compose_config
-from harness.model import load_tokenizer, model_config
-from workloads import Workload, build_workload
+from workloads.spec import Workload
 
 
 def workload_stats(workload: Workload) -> dict:
@@ -53,22 +47,3 @@ def plot_workload(workload: Workload, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m harness")
-    parser.add_argument("--out", type=Path, help="plot path (default results/workloads/<name>.png)")
-    args = parser.parse_args()
-    cfg = compose_config(args.overrides)
-    workload = build_workload(cfg.workload, model_config(cfg.model).vocab_size, load_tokenizer(cfg.model))
-    for key, value in workload.info.items():
-        print(f"{key}: {value}")
-    print(pd.Series(workload_stats(workload)).to_string(float_format=lambda x: f"{x:,.3f}"))
-    out = args.out or Path("results") / "workloads" / f"{workload.name}.png"
-    plot_workload(workload, out)
-    print(f"plot: {out}")
-
-
-if __name__ == "__main__":
-    main()

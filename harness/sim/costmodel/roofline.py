@@ -4,44 +4,9 @@ time = max(FLOPs / (peak * compute_efficiency), bytes / (bandwidth * memory_effi
 The architecture comes from a transformers config, so a model can be described without ever being loaded.
 """
 
-from dataclasses import dataclass
-
-from harness.costmodel.hardware import Hardware
-from harness.costmodel.shape import StepShape
-
-
-@dataclass(frozen=True)
-class Architecture:
-    num_layers: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    bytes_per_param: int
-
-    @classmethod
-    def from_config(cls, config, bytes_per_param: int) -> "Architecture":
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        return cls(config.num_hidden_layers, config.hidden_size, config.intermediate_size,
-                   config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads, head_dim,
-                   config.vocab_size, bytes_per_param)
-
-    @property
-    def layer_params(self) -> int:
-        q_out, kv_out = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        attention = self.hidden_size * (q_out + 2 * kv_out) + q_out * self.hidden_size
-        return attention + 3 * self.hidden_size * self.intermediate_size  # gated MLP: gate, up, down
-
-    @property
-    def weight_bytes(self) -> int:
-        embeddings = 2 * self.vocab_size * self.hidden_size  # input embedding and LM head
-        return (self.num_layers * self.layer_params + embeddings) * self.bytes_per_param
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.bytes_per_param
+from harness.model_spec import Architecture
+from harness.sim.costmodel.hardware import Hardware
+from harness.sim.costmodel.shape import StepShape
 
 
 class RooflineCostModel:

@@ -23,8 +23,12 @@ class BlockAllocator:
     def num_used_blocks(self) -> int:
         return self.num_blocks - len(self._free)
 
-    def num_blocks_for(self, num_tokens: int) -> int:
+    def num_blocks_for(self, num_tokens):
+        """Blocks that hold `num_tokens` slots (ceil division; also elementwise on a numpy array)."""
         return -(-num_tokens // self.block_size)
+
+    def num_blocks_held(self, request_id: int) -> int:
+        return len(self.block_tables.get(request_id, ()))
 
     def allocate(self, request_id: int, num_tokens: int) -> bool:
         """Grow the request's table to hold `num_tokens` slots. All or nothing: False if the blocks aren't free."""

@@ -10,8 +10,6 @@
 import time
 from dataclasses import dataclass
 
-import torch
-
 
 @dataclass(frozen=True)
 class Hardware:
@@ -19,6 +17,7 @@ class Hardware:
     peak_flops: float  # FLOP/s at the dtype the model runs in
     memory_bandwidth: float  # bytes/s
     memory_bytes: float
+    kind: str = "gpu"  # gpu: its memory sizes the KV cache; cpu: a CPU run's fixed cache, as the real runner's
 
 
 GB = 1e9
@@ -32,6 +31,8 @@ HARDWARE = {
 
 def measure_cpu(memory_bytes: float = 24 * GB) -> Hardware:
     """This CPU's float32 GEMM rate and copy bandwidth, measured now (a second or two)."""
+    import torch  # only this measurement needs it
+
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
     a @ b  # warm-up
     start, reps = time.perf_counter(), 20
@@ -45,7 +46,7 @@ def measure_cpu(memory_bytes: float = 24 * GB) -> Hardware:
     for _ in range(reps):
         dst.copy_(src)
     bandwidth = reps * 2 * src.numel() * 4 / (time.perf_counter() - start)  # read + write
-    return Hardware("cpu (measured)", flops, bandwidth, memory_bytes)
+    return Hardware("cpu (measured)", flops, bandwidth, memory_bytes, kind="cpu")
 
 
 def get_hardware(name: str) -> Hardware:

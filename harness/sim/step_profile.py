@@ -1,4 +1,4 @@
-"""Calibrate the simulator on this machine: `python -m harness.profile [overrides] [--out CSV] [--quick]`.
+"""Calibrate the simulator on this machine: `python -m harness.sim.step_profile [overrides] [--out CSV] [--quick]`.
 
 Runs the real runner over a grid of step shapes — tokens per step × keys per token, ragged and padded — and
 writes the measured durations as a CSV for `runner=sim runner.profile=<csv>`, with the environment and the
@@ -6,19 +6,20 @@ harness's own per-step overhead recorded in `# key: value` lines at its top.
 """
 
 import argparse
+import math
 import platform
 import statistics
 import time
 from pathlib import Path
 
+from harness.analysis.results import write_text
 from harness.config import compose_config
-from harness.engine import Engine
-from harness.job import environment, warm_up
-from harness.kv_cache import BlockAllocator
-from harness.model import load_model, resolve_device, resolve_dtype
-from harness.results import write_text
-from harness.runners.real import RealRunner
-from strategies import BatchPlan, ContinuousBatching, Request, ScheduledChunk
+from harness.core.kv_cache import BlockAllocator
+from harness.core.replica import build_replica
+from harness.environment import environment
+from harness.real.model import load_model, resolve_device, resolve_dtype
+from harness.real.runner import RealRunner
+from strategies import BatchPlan, Request, ScheduledChunk
 from workloads import RequestSpec
 
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
@@ -64,10 +65,11 @@ def measure(runner: RealRunner, allocator: BlockAllocator, plan: BatchPlan, repe
             allocator.free(chunk.request.request_id)
 
 
-def step_overhead(runner: RealRunner, allocator: BlockAllocator) -> float:
+def step_overhead(model, kernel_backend: str, block_size: int) -> float:
     """The engine's own time per step (scheduling, bookkeeping) on a small real replay."""
-    engine = Engine(ContinuousBatching(allocator, max_batch_tokens=64, max_num_seqs=8), runner, allocator,
-                    max_model_len=4096)
+    engine = build_replica("continuous", dict(max_batch_tokens=64, max_num_seqs=8),
+                           lambda allocator: RealRunner(model, allocator, kernel_backend=kernel_backend),
+                           num_blocks=64, block_size=block_size, max_model_len=4096)
     specs = [RequestSpec(i, 0.0, tuple(range(1, 9 + i)), 24) for i in range(8)]
     records = engine.run(specs)
     return statistics.median(s.duration_s - s.busy_s for s in records.steps)
@@ -87,9 +89,9 @@ def main() -> None:
     tokens, contexts = (QUICK_TOKENS, QUICK_CONTEXTS) if args.quick else (TOKENS, CONTEXTS)
     contexts = [min(c, model.config.max_position_embeddings - 1) for c in contexts]
     block_size = cfg.kv_cache.block_size
-    allocator = BlockAllocator(ROWS * -(-max(contexts) // block_size) + 8, block_size)
+    allocator = BlockAllocator(ROWS * math.ceil(max(contexts) / block_size) + 8, block_size)
     runner = RealRunner(model, allocator, kernel_backend=cfg.kernel_backend)
-    warm_up(runner, allocator)
+    runner.warm_up()
     rows = ["layout,num_tokens,mean_context,duration_s"]
     start = time.perf_counter()
     for padded in (False, True):
@@ -100,10 +102,10 @@ def main() -> None:
                     seconds = measure(runner, allocator, plan, args.repeats)
                     layout = "padded" if padded else "ragged"
                     rows.append(f"{layout},{num_tokens},{context},{seconds:.6e}")
-    overhead = step_overhead(runner, allocator)
+    overhead = step_overhead(model, cfg.kernel_backend, block_size)
     header = {"model": cfg.model.name, "host": platform.node(), "block_size": block_size,
               "step_overhead_s": f"{overhead:.6e}", "profile_seconds": f"{time.perf_counter() - start:.1f}"}
-    header |= environment(device, dtype)
+    header |= environment(str(device), str(dtype))
     out = args.out or Path("results") / "profiles" / f"{cfg.model.name}_{platform.node() or 'host'}.csv"
     write_text(out, "".join(f"# {k}: {v}\n" for k, v in header.items()) + "\n".join(rows) + "\n")
     print(f"{len(rows) - 1} step shapes measured in {header['profile_seconds']} s; step overhead "

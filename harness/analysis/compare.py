@@ -1,5 +1,5 @@
 """Compare runs: one table and one set of plots across run folders — at the end of every multirun (a Hydra
-callback), or by hand: `python -m harness.compare results/sweeps/<time>/* [--out DIR]`."""
+callback), or by hand: `python -m harness.analysis.compare results/sweeps/<time>/* [--out DIR]`."""
 
 import argparse
 import glob
@@ -11,8 +11,8 @@ import pandas as pd
 from hydra.experimental.callback import Callback
 from matplotlib import ticker
 
-from harness.plots import save_figure
-from harness.results import write_csv, write_text
+from harness.analysis.plots import save_figure
+from harness.analysis.results import RunStatus, write_csv, write_text
 
 COLUMNS = ["status", "strategy", "workload", "arrival", "rate", "concurrency", "num_finished", "num_rejected",
            "num_preemptions", "request_throughput_rps", "output_throughput_tps", "goodput_rps", "ttft_s_p50",
@@ -27,7 +27,7 @@ def load_runs(run_dirs: list[Path]) -> pd.DataFrame:
     for run_dir in run_dirs:
         summary, status = run_dir / "summary.json", run_dir / "status.json"
         if summary.exists():
-            row = json.loads(summary.read_text()) | {"status": "finished"}
+            row = json.loads(summary.read_text()) | {"status": RunStatus.FINISHED.value}
         elif status.exists():
             row = json.loads(status.read_text())
         else:
@@ -41,7 +41,7 @@ def load_runs(run_dirs: list[Path]) -> pd.DataFrame:
 
 
 def sweep_axis(runs: pd.DataFrame) -> str | None:
-    finished = runs[runs.status == "finished"]
+    finished = runs[runs.status == RunStatus.FINISHED.value]
     return next((axis for axis in SWEEP_AXES if finished[axis].nunique(dropna=True) > 1), None)
 
 
@@ -52,7 +52,7 @@ def _slo_text(runs: pd.DataFrame) -> str:
 
 
 def plot_comparison(runs: pd.DataFrame, plots_dir: Path) -> list[Path]:
-    finished = runs[runs.status == "finished"]
+    finished = runs[runs.status == RunStatus.FINISHED.value]
     if finished.empty:
         return []
     axis = sweep_axis(runs)
@@ -92,7 +92,7 @@ def plot_comparison(runs: pd.DataFrame, plots_dir: Path) -> list[Path]:
 
 def comparison_markdown(runs: pd.DataFrame, plots: list[Path], out_dir: Path) -> str:
     shown = runs[COLUMNS].drop(columns="error")
-    failed = runs[runs.status != "finished"]
+    failed = runs[runs.status != RunStatus.FINISHED.value]
     parts = ["# Comparison", "", f"{len(runs)} runs, {len(failed)} failed.", "",
              shown.to_markdown(index=False, floatfmt=".4g"), ""]
     if len(failed):

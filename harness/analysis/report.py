@@ -2,19 +2,21 @@
 
 import pandas as pd
 
+from strategies import RequestStatus
+
 TERMINAL_ROWS = [
     ("requests finished / rejected", lambda s: f"{s['num_finished']} / {s['num_rejected']}"),
-    ("makespan", lambda s: f"{s['makespan_s']:.2f} s"),
+    ("makespan", lambda s: duration(s["makespan_s"])),
     ("output throughput", lambda s: f"{s['output_throughput_tps']:.1f} tok/s"),
     ("request throughput", lambda s: f"{s['request_throughput_rps']:.2f} req/s"),
-    ("TTFT p50 / p99", lambda s: f"{_ms(s['ttft_s_p50'])} / {_ms(s['ttft_s_p99'])}"),
-    ("TPOT p50 / p99", lambda s: f"{_ms(s['tpot_s_p50'])} / {_ms(s['tpot_s_p99'])}"),
-    ("E2E p50 / p99", lambda s: f"{_ms(s['e2e_s_p50'])} / {_ms(s['e2e_s_p99'])}"),
+    ("TTFT p50 / p99", lambda s: f"{duration(s['ttft_s_p50'])} / {duration(s['ttft_s_p99'])}"),
+    ("TPOT p50 / p99", lambda s: f"{duration(s['tpot_s_p50'])} / {duration(s['tpot_s_p99'])}"),
+    ("E2E p50 / p99", lambda s: f"{duration(s['e2e_s_p50'])} / {duration(s['e2e_s_p99'])}"),
     ("padding waste", lambda s: f"{s['padding_waste']:.1%} of {s['num_computed_tokens']} computed tokens"),
     ("KV use peak / mean", lambda s: f"{s['kv_peak_utilization']:.1%} / {s['kv_mean_utilization']:.1%}"),
     ("preemptions", lambda s: str(s["num_preemptions"])),
     ("goodput (SLOs met)", lambda s: f"{s['goodput_rps']:.2f} req/s"),
-    ("harness overhead", lambda s: f"{s['overhead_s']:.2f} s of {s['makespan_s']:.2f} s"),
+    ("harness overhead", lambda s: f"{duration(s['overhead_s'])} of {duration(s['makespan_s'])}"),
 ]
 
 
@@ -22,8 +24,20 @@ ENVIRONMENT_KEYS = ("device", "device_name", "dtype", "threads", "torch", "trans
                     "git_commit")
 
 
-def _ms(seconds: float) -> str:
-    return "n/a" if seconds != seconds else f"{seconds * 1e3:.1f} ms"
+def duration(seconds: float | None) -> str:
+    """Seconds in the unit a person reads: 850 µs, 12.3 ms, 4.56 s, 556 s, 2.5 h."""
+    if seconds is None or seconds != seconds:
+        return "n/a"
+    size = abs(seconds)
+    if size < 1e-3:
+        return f"{seconds * 1e6:.0f} µs"
+    if size < 1:
+        return f"{seconds * 1e3:.1f} ms"
+    if size < 100:
+        return f"{seconds:.2f} s"
+    if size < 3600:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 3600:.1f} h"
 
 
 def terminal_table(summary: dict) -> str:
@@ -35,7 +49,7 @@ def terminal_table(summary: dict) -> str:
 
 def run_report(summary: dict, requests: pd.DataFrame, steps: pd.DataFrame, workload_info: dict,
                plots: list) -> str:
-    rejected = requests[requests.status == "rejected"]
+    rejected = requests[requests.status == RequestStatus.REJECTED.label]
     composition = pd.DataFrame({
         "tokens": [steps.num_prefill_tokens.sum(), steps.num_decode_tokens.sum(), steps.num_padding_tokens.sum()],
     }, index=["prefill", "decode", "padding"])

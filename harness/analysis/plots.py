@@ -6,7 +6,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from harness.results import write_png
+from harness.analysis.results import write_png
+from strategies import RequestStatus
 
 COLORS = {"prefill": "tab:blue", "decode": "tab:green", "padding": "tab:red", "queued": "0.8"}
 GANTT_MAX_REQUESTS = 64
@@ -54,7 +55,7 @@ def kv_usage(steps: pd.DataFrame, title: str, path: Path) -> None:
 
 
 def latency_cdfs(requests: pd.DataFrame, title: str, path: Path) -> None:
-    finished = requests[requests.status == "finished"]
+    finished = requests[requests.status == RequestStatus.FINISHED.label]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for ax, column, label in ((axes[0], "ttft_s", "time to first token"), (axes[1], "e2e_s", "end-to-end latency")):
         values = np.sort(finished[column].dropna().to_numpy())
@@ -69,7 +70,8 @@ def latency_cdfs(requests: pd.DataFrame, title: str, path: Path) -> None:
 
 def request_gantt(requests: pd.DataFrame, title: str, path: Path) -> None:
     """Queued, prefill (until the first token) and decode spans of the first requests, one row each."""
-    sample = requests[requests.status == "finished"].sort_values("request_id").head(GANTT_MAX_REQUESTS)
+    finished = requests[requests.status == RequestStatus.FINISHED.label]
+    sample = finished.sort_values("request_id").head(GANTT_MAX_REQUESTS)
     fig, ax = plt.subplots(figsize=(10, 1.2 + 0.11 * max(len(sample), 8)))
     rows = np.arange(len(sample))
     spans = [("queued", sample.arrival_s, sample.first_scheduled_s),

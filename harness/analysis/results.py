@@ -1,24 +1,35 @@
-"""Atomic writes: a reader (or a crashed run) never sees half a file."""
+"""Atomic writes: a reader (or a crashed run) never sees half a file. Files get the usual permissions (0666 less
+the umask), so results on a shared file system stay readable to colleagues."""
 
+import enum
 import json
 import math
 import os
-import tempfile
+import uuid
 from pathlib import Path
 
 import pandas as pd
 
 
+class RunStatus(str, enum.Enum):
+    """What a run folder's `status.json` says."""
+
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
 def _write_atomic(path: Path, write) -> None:
     """Write through `write(file)` into a temporary file beside `path`, then rename it into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}"
+    # os.open with 0o666 lets the umask decide, as a plain open() would; mkstemp would force 0600.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
         os.replace(tmp, path)
     except BaseException:
-        os.unlink(tmp)
+        tmp.unlink(missing_ok=True)
         raise
 
 

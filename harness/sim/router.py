@@ -1,6 +1,6 @@
 """Routers: which replica of a simulated cluster gets an arriving request."""
 
-from harness.engine import Engine
+from harness.core.engine import Engine
 from workloads import RequestSpec
 
 

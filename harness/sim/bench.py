@@ -1,4 +1,4 @@
-"""How fast the simulator runs: `python -m harness.sim_bench [--requests N]`.
+"""How fast the simulator runs: `python -m harness.sim.bench [--requests N]`.
 
 Simulates ShareGPT-like requests at high load (Llama-2-7B on an H100, roofline, 256 concurrent requests) with
 each strategy and prints simulated requests per second of wall time, timing the engine's replay alone.
@@ -8,14 +8,12 @@ import argparse
 import time
 
 from harness.config import compose_config
-from harness.costmodel import RooflineCostModel
-from harness.costmodel.hardware import HARDWARE
-from harness.costmodel.roofline import Architecture
-from harness.engine import Engine
-from harness.job import build_strategy
-from harness.kv_cache import BlockAllocator
-from harness.model import model_config
-from harness.runners.sim import SimRunner
+from harness.core.replica import build_replica
+from harness.model_spec import Architecture, read_model_config
+from harness.sim.costmodel import RooflineCostModel
+from harness.sim.costmodel.hardware import HARDWARE
+from harness.sim.engine import SimEngine
+from harness.sim.runner import SimRunner
 from workloads import build_workload
 
 
@@ -27,18 +25,19 @@ def main() -> None:
     args = parser.parse_args()
     cfg = compose_config(["model=llama-2-7b", f"workload.num_requests={args.requests}", f"workload.rate={args.rate}",
                           f"concurrency={args.concurrency}", "strategy.max_batch_tokens=2048"])
-    config = model_config(cfg.model)
+    config = read_model_config(cfg.model)
     costs = RooflineCostModel(Architecture.from_config(config, 2), HARDWARE["h100"], step_overhead_s=0.002)
-    workload = build_workload(cfg.workload, config.vocab_size)
+    workload = build_workload(cfg.workload, config["vocab_size"])
     output_tokens = sum(r.max_new_tokens for r in workload.requests)
     print(f"{args.requests} ShareGPT-profile requests ({output_tokens} output tokens) at {args.rate} req/s, "
           f"Llama-2-7B on an H100 (roofline), concurrency {args.concurrency}")
     for name in ("static", "dynamic", "continuous"):
         budget = ["strategy.max_batch_tokens=2048"] if name == "continuous" else []
         strategy_cfg = compose_config([f"strategy={name}", f"concurrency={args.concurrency}", *budget]).strategy
-        allocator = BlockAllocator(costs.num_kv_blocks(16, 0.9), 16)
-        engine = Engine(build_strategy(strategy_cfg, allocator), SimRunner(costs), allocator,
-                        config.max_position_embeddings)
+        options = {k: v for k, v in strategy_cfg.items() if k != "name"}
+        engine = build_replica(name, options, lambda allocator: SimRunner(costs),
+                               num_blocks=costs.num_kv_blocks(16, 0.9), block_size=16,
+                               max_model_len=config["max_position_embeddings"], engine_class=SimEngine)
         start = time.perf_counter()
         records = engine.run(workload.requests)
         wall = time.perf_counter() - start

@@ -1,4 +1,4 @@
-"""How far the simulator is from the real runner: `python -m harness.fidelity [--profile CSV] [--quick]`.
+"""How far the simulator is from the real runner: `python -m harness.sim.fidelity [--profile CSV] [--quick]`.
 
 For each strategy and arrival pattern it runs a workload on the real runner (twice, for the run-to-run spread of
 this machine), then simulates the same workload with a profile calibrated here (made first if none is given),
@@ -7,6 +7,7 @@ was built from: the profile measures synthetic grid steps, the check replays Sha
 """
 
 import argparse
+import json
 import subprocess
 import sys
 import time
@@ -15,10 +16,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from harness.config import compose_config
-from harness.job import run_job
-from harness.plots import save_figure
-from harness.results import write_csv, write_text
+from harness.analysis.plots import save_figure
+from harness.analysis.results import write_csv, write_text
 
 METRICS = {"output_throughput_tps": "output throughput", "makespan_s": "makespan", "ttft_s_p50": "TTFT p50",
            "ttft_s_p90": "TTFT p90", "tpot_s_p50": "TPOT p50"}
@@ -29,7 +28,10 @@ QUICK = ["workload.num_requests=6", "workload.max_output_len=12", "concurrency=4
 
 
 def run(overrides: list[str], run_dir: Path) -> dict:
-    return run_job(compose_config(overrides), run_dir)
+    """One whole run, as a user would start it; its summary."""
+    subprocess.run([sys.executable, "-m", "harness", *overrides, f"hydra.run.dir={run_dir}"], check=True,
+                   stdout=subprocess.DEVNULL)
+    return json.loads((run_dir / "summary.json").read_text())
 
 
 def fidelity_table(rows: list[dict]) -> pd.DataFrame:
@@ -78,7 +80,7 @@ def main() -> None:
     profile = args.profile
     if profile is None:
         profile = args.out / "profile.csv"
-        subprocess.run([sys.executable, "-m", "harness.profile", "--out", str(profile)]
+        subprocess.run([sys.executable, "-m", "harness.sim.step_profile", "--out", str(profile)]
                        + (["--quick"] if args.quick else []), check=True)
     rows = []
     for arrival, arrival_overrides in ARRIVALS.items():

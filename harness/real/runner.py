@@ -4,10 +4,11 @@ import time
 
 import torch
 
-from harness.kv_cache import BlockAllocator
-from harness.runners.attention import BatchMeta, register_paged_attention
-from harness.runners.base import StepResult
-from strategies import BatchPlan
+from harness.core.kv_cache import BlockAllocator
+from harness.core.runner import StepResult
+from harness.model_spec import Architecture
+from harness.real.attention import BatchMeta, register_paged_attention
+from strategies import BatchPlan, Request, ScheduledChunk
 
 
 class RealRunner:
@@ -17,22 +18,30 @@ class RealRunner:
     measures_wall_time = True
 
     def __init__(self, model, allocator: BlockAllocator, keep_logits: bool = False, kernel_backend: str = "auto"):
-        config = model.config
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         param = next(model.parameters())
+        arch = Architecture.from_config(model.config, param.dtype.itemsize)
         self.device = param.device
         self.model = model
         self.allocator = allocator
         self.keep_logits = keep_logits
         self.kernel_backend = kernel_backend
-        self.pad_token_id = config.pad_token_id if config.pad_token_id is not None else 0
-        shape = (allocator.num_blocks, allocator.block_size, config.num_key_value_heads, head_dim)
+        self.pad_token_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+        shape = (allocator.num_blocks, allocator.block_size, arch.num_kv_heads, arch.head_dim)
         self.kv_caches = [
             (torch.zeros(shape, dtype=param.dtype, device=self.device),
              torch.zeros(shape, dtype=param.dtype, device=self.device))
-            for _ in range(config.num_hidden_layers)
+            for _ in range(arch.num_layers)
         ]
         model.set_attn_implementation(register_paged_attention())
+
+    def warm_up(self) -> None:
+        """One ragged and one padded step on a throwaway request, so one-time set-up costs stay out of timings."""
+        request = Request(request_id=-1, arrival_s=0.0, token_ids=list(range(8)), num_prompt_tokens=8,
+                          max_new_tokens=1)
+        self.allocator.allocate(request.request_id, request.num_tokens)
+        for padded in (False, True):
+            self.execute(BatchPlan(chunks=[ScheduledChunk(request, 0, request.num_tokens)], padded=padded))
+        self.allocator.free(request.request_id)
 
     def execute(self, plan: BatchPlan) -> StepResult:
         start = time.perf_counter()

@@ -2,10 +2,11 @@
 its config (for simulation), or any transformers causal LM from the hub or a path."""
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+
+from harness.model_spec import config_value, dtype_name, load_tokenizer, read_model_config
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-SOURCES = ("tiny", "config", "hf")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -15,24 +16,15 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device_type: str) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device_type == "cuda" else torch.float32
-    return DTYPES[name]
+    return DTYPES[dtype_name(name, device_type)]
 
 
 def model_config(model_cfg) -> PretrainedConfig:
     """The architecture, without weights."""
     if model_cfg.source in ("tiny", "config"):
-        options = dict(model_cfg.config)
+        options = read_model_config(model_cfg)
         return AutoConfig.for_model(options.pop("model_type"), **options)
     return AutoConfig.from_pretrained(model_cfg.name, trust_remote_code=bool(model_cfg.trust_remote_code))
-
-
-def load_tokenizer(model_cfg):
-    """The model's tokenizer; None for models built or described from a config."""
-    if model_cfg.source != "hf":
-        return None
-    return AutoTokenizer.from_pretrained(model_cfg.name, trust_remote_code=bool(model_cfg.trust_remote_code))
 
 
 def build_random_model(config: PretrainedConfig, seed: int):
@@ -54,3 +46,14 @@ def load_model(model_cfg, device: torch.device, dtype: torch.dtype):
         model = AutoModelForCausalLM.from_pretrained(model_cfg.name, dtype=dtype,
                                                      trust_remote_code=bool(model_cfg.trust_remote_code))
     return model.to(device=device, dtype=dtype).eval(), load_tokenizer(model_cfg)
+
+
+def eos_token_ids(model) -> frozenset[int]:
+    """Every id that ends a generation: the config's and the generation config's, each an int or a list
+    (Llama-3 lists several)."""
+    ids: set[int] = set()
+    for source in (model.config, getattr(model, "generation_config", None)):
+        value = config_value(source, "eos_token_id") if source is not None else None
+        if value is not None:
+            ids.update(value if isinstance(value, list | tuple) else [value])
+    return frozenset(int(i) for i in ids)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.costmodel.shape import StepShape
+from harness.sim.costmodel.shape import StepShape
 
 COLUMNS = ["layout", "num_tokens", "mean_context", "duration_s"]
 
@@ -76,7 +76,6 @@ class CalibratedCostModel:
         missing = set(COLUMNS) - set(table.columns)
         if missing:
             raise ValueError(f"profile table lacks columns {sorted(missing)}")
-        self.table = table
         self.step_overhead_s = step_overhead_s
         self.layouts = {layout: GridInterpolator.from_points(part) for layout, part in table.groupby("layout")}
         if set(self.layouts) != {"ragged", "padded"}:
@@ -84,11 +83,13 @@ class CalibratedCostModel:
 
     @classmethod
     def load(cls, path: str | Path) -> "CalibratedCostModel":
-        """A profile CSV written by `python -m harness.profile`; its `# key: value` lines record the environment
-        it was measured in, and the engine's own time per step (`step_overhead_s`), which the model adds."""
+        """A profile CSV written by `python -m harness.sim.step_profile`; its `# key: value` lines record the
+        environment it was measured in, and the engine's own time per step (`step_overhead_s`), which the model
+        adds."""
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"profile {str(path)!r} does not exist; make one with python -m harness.profile")
+            raise FileNotFoundError(f"profile {str(path)!r} does not exist; make one with "
+                                    "python -m harness.sim.step_profile")
         meta = {}
         for line in path.read_text().splitlines():
             if line.startswith("# ") and ": " in line:

@@ -1,0 +1,151 @@
+"""One replica: its queues, strategy, runner and cache on a virtual clock. Schedule, run, apply, record.
+
+The engine is the one writer of request state: it applies the strategy's admissions and preemptions, the
+runner's tokens, and finishes requests (see `strategies.base` for who reads what).
+"""
+
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from harness.core.kv_cache import BlockAllocator
+from harness.core.records import RunRecords, StepRecord
+from harness.core.runner import Runner, StepResult
+from strategies import BatchPlan, Request, RequestStatus, Strategy
+from workloads import RequestSpec
+
+if TYPE_CHECKING:
+    from harness.core.replay import Arrivals
+
+
+class Engine:
+    """Each step moves the clock by the step's duration: the wall time of the whole step (a real runner) or the
+    predicted time (a simulated one). The replay loop jumps an idle engine to its next arrival instead of
+    sleeping, so real and simulated runs of one workload compare directly."""
+
+    def __init__(self, strategy: Strategy, runner: Runner, allocator: BlockAllocator, max_model_len: int,
+                 eos_token_ids: Iterable[int] = ()):
+        self.strategy = strategy
+        self.runner = runner
+        self.allocator = allocator
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)  # stop on any of them; empty: run to max_new_tokens
+        self.clock = 0.0
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.records = RunRecords()
+        self.num_output_tokens = 0
+        self.num_done = 0  # requests finished or rejected
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_outstanding(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def add_request(self, spec: RequestSpec) -> Request:
+        """A request arrives: it is queued, or rejected at once with its reason if it can never be served."""
+        request = Request(request_id=spec.request_id, arrival_s=spec.arrival_s, token_ids=list(spec.prompt_ids),
+                          num_prompt_tokens=spec.prompt_len, max_new_tokens=spec.max_new_tokens)
+        needed_blocks = self.allocator.num_blocks_for(request.max_num_tokens)
+        if spec.prompt_len + spec.max_new_tokens > self.max_model_len:
+            request.reject_reason = (f"prompt ({spec.prompt_len}) + max_new_tokens ({spec.max_new_tokens}) exceeds "
+                                     f"the model's context of {self.max_model_len} tokens")
+        elif needed_blocks > self.allocator.num_blocks:
+            request.reject_reason = (f"needs {needed_blocks} KV blocks, more than the whole cache "
+                                     f"({self.allocator.num_blocks})")
+        if request.reject_reason:
+            request.status = RequestStatus.REJECTED
+            self.num_done += 1
+        else:
+            self.waiting.append(request)
+        self.records.requests.append(request)
+        return request
+
+    def step(self, arrivals: "Arrivals | None" = None) -> BatchPlan:
+        """Schedule, execute and apply one step at the current clock; returns the step's plan.
+
+        A plain step ignores `arrivals` (the requests still to come); the simulated engine's bulk decode reads them.
+        """
+        step_start = time.perf_counter()
+        plan = self.strategy.schedule(self.waiting, self.running)
+        if not plan.chunks:
+            raise RuntimeError(f"{self.strategy.name} scheduled nothing with {len(self.waiting)} waiting and "
+                               f"{len(self.running)} running requests: a scheduler bug, not a workload problem")
+        self._apply_queue_changes(plan)
+        num_prefill = sum(c.num_tokens for c in plan.chunks if not c.is_decode)  # before tokens are added
+        result = self.runner.execute(plan)
+        kv_used = self.allocator.num_used_blocks  # before finished requests give their blocks back
+        sampled = self._apply_result(plan, result)
+        if self.runner.measures_wall_time:
+            duration = time.perf_counter() - step_start
+        else:
+            duration = result.duration_s + result.overhead_s
+        self.records.steps.append(StepRecord(
+            step=len(self.records.steps), start_s=self.clock, duration_s=duration, busy_s=result.duration_s,
+            num_prefill_tokens=num_prefill, num_decode_tokens=plan.num_scheduled_tokens - num_prefill,
+            num_padding_tokens=plan.num_padding_tokens, num_rows=plan.num_rows,
+            row_width=plan.row_width if plan.padded else 0, num_preempted=len(plan.preempted),
+            num_waiting=len(self.waiting), num_seqs=len(plan.chunks), kv_used_blocks=kv_used,
+        ))
+        for chunk in plan.chunks:
+            if chunk.request.first_scheduled_s is None:
+                chunk.request.first_scheduled_s = self.clock
+        self.clock += duration
+        # Tokens are stamped at the end of their step, when a client would see them.
+        for request in sampled:
+            request.token_times_s.append(self.clock)
+            if request.status == RequestStatus.FINISHED:
+                request.finish_s = self.clock
+                self.num_done += 1
+        self.num_output_tokens += len(sampled)
+        return plan
+
+    def _apply_queue_changes(self, plan: BatchPlan) -> None:
+        for request in plan.admitted:
+            entered = self.waiting.popleft()
+            assert entered is request, "a strategy admits from the head of the queue, in order"
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+        for request in plan.preempted:
+            self.running.remove(request)
+            self.waiting.appendleft(request)
+            request.status = RequestStatus.PREEMPTED
+            request.num_computed_tokens = 0  # its blocks are gone: recompute from the start
+            request.num_preemptions += 1
+
+    def _apply_result(self, plan: BatchPlan, result: StepResult) -> list[Request]:
+        """Advance each scheduled request; returns those that got a new token, finished ones included."""
+        sampled = []
+        for chunk in plan.chunks:
+            request = chunk.request
+            request.num_computed_tokens += chunk.num_tokens
+            request.status = RequestStatus.RUNNING
+            if not chunk.samples:
+                continue
+            token = result.sampled[request.request_id]
+            request.token_ids.append(token)
+            sampled.append(request)
+            if request.num_output_tokens == request.max_new_tokens or token in self.eos_token_ids:
+                request.status = RequestStatus.FINISHED
+                self.running.remove(request)
+                self.strategy.on_finished(request)
+        return sampled
+
+    def _append_decodes(self, token: int, times: list[float]) -> None:
+        """Every running request decoded once at each of `times` (the simulated engine's bulk steps)."""
+        for request in self.running:
+            request.num_computed_tokens += len(times)
+            request.token_ids.extend([token] * len(times))
+            request.token_times_s.extend(times)
+        self.num_output_tokens += len(times) * len(self.running)
+
+    def run(self, specs: list[RequestSpec], progress: bool = False) -> RunRecords:
+        """Replay `specs` on this engine alone."""
+        from harness.core.replay import replay  # the loop drives engines; only this convenience goes back
+
+        replay([self], specs, progress=progress, desc=self.strategy.name)
+        return self.records

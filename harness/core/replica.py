@@ -1,0 +1,31 @@
+"""The one place a replica is put together: its block allocator, strategy, runner and engine."""
+
+from collections.abc import Callable, Iterable
+
+from harness.core.engine import Engine
+from harness.core.kv_cache import BlockAllocator
+from harness.core.runner import Runner
+from strategies import STRATEGIES
+
+
+def build_replica(strategy: str, options: dict, make_runner: Callable[[BlockAllocator], Runner], *,
+                  num_blocks: int, block_size: int, max_model_len: int, eos_token_ids: Iterable[int] = (),
+                  engine_class: type[Engine] = Engine) -> Engine:
+    """A replica running `strategy` with `options` over a fresh cache of `num_blocks` blocks.
+
+    `make_runner` gets the allocator (a real runner sizes its cache tensors from it). A strategy that could run
+    more requests at once than the cache has blocks is refused: each running request holds at least one.
+    Raises ValueError naming the problem (unknown strategy, bad option, too small a cache).
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    allocator = BlockAllocator(num_blocks, block_size)
+    try:
+        policy = STRATEGIES[strategy](allocator, **options)
+    except TypeError as e:  # an option the strategy does not take, or one it needs
+        raise ValueError(f"strategy={strategy}: {e}") from None
+    if allocator.num_blocks < policy.max_concurrency:
+        raise ValueError(f"kv_cache.num_blocks={allocator.num_blocks} cannot hold one block for each of the "
+                         f"{policy.max_concurrency} requests {strategy} may run at once")
+    return engine_class(policy, make_runner(allocator), allocator, max_model_len=max_model_len,
+                        eos_token_ids=eos_token_ids)

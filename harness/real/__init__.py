@@ -1,0 +1,1 @@
+"""The real runner: a transformers causal LM over the paged KV cache, with our attention swapped in."""

@@ -1,0 +1,31 @@
+"""Cost models predict a step's duration from its shape: calibrated on this machine's runner, or a roofline."""
+
+from harness.model_spec import Architecture
+from harness.sim.costmodel.calibrated import CalibratedCostModel
+from harness.sim.costmodel.hardware import get_hardware
+from harness.sim.costmodel.roofline import RooflineCostModel
+from harness.sim.costmodel.shape import StepShape, step_shape
+
+
+def build_cost_model(runner_cfg, arch: Architecture) -> RooflineCostModel | CalibratedCostModel:
+    """runner=sim: a roofline when `runner.hardware` is named, else the calibrated profile `runner.profile`.
+    Raises ValueError naming the key at fault."""
+    if runner_cfg.hardware and runner_cfg.profile:
+        raise ValueError("runner=sim takes runner.hardware (roofline) or runner.profile (calibrated), not both")
+    if runner_cfg.hardware:
+        try:
+            hardware = get_hardware(runner_cfg.hardware)
+        except KeyError as e:
+            raise ValueError(f"runner.hardware: {e.args[0]}") from None
+        return RooflineCostModel(arch, hardware, runner_cfg.compute_efficiency, runner_cfg.memory_efficiency,
+                                 runner_cfg.step_overhead_s)
+    if not runner_cfg.profile:
+        raise ValueError("runner=sim needs runner.hardware=<a100-80gb|h100|h200|l4|cpu> or runner.profile=<csv "
+                         "from python -m harness.sim.step_profile>")
+    try:
+        return CalibratedCostModel.load(runner_cfg.profile)
+    except (FileNotFoundError, ValueError) as e:
+        raise ValueError(f"runner.profile: {e}") from None
+
+
+__all__ = ["CalibratedCostModel", "RooflineCostModel", "StepShape", "build_cost_model", "step_shape"]
