@@ -1,67 +1,240 @@
-"""Checks a resolved config before any work starts: one clear error naming the key and the value."""
+"""The run config's schema: every key's type and range and the rules between keys, checked before any work starts.
 
+`validate` turns the composed Hydra config into a typed `RunConfig` or raises one `ConfigError` line naming the key
+and the problem. The workload's part of the schema lives with the workloads (`workloads.config`), each strategy's
+choices with the strategy; this module adds the run's own keys and the rules that span several of them.
+"""
+
+import os
 from pathlib import Path
+from typing import Annotated, Literal
 
-import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig, OmegaConf
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ValueType
+from omegaconf import DictConfig
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from harness.model_spec import DTYPE_BYTES, MODEL_SOURCES
-from harness.sim.router import ROUTERS
-from kernels import BACKENDS
-from strategies import STRATEGIES
+from harness.model_spec import DTYPE_BYTES, read_model_config
+from strategies.continuous import ORDERS
+from workloads.config import Count, Number, Positive, Seed, Strict, WorkloadConfig, one_line, plain_config
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-POSITIVE_INTS = ("kv_cache.block_size", "workload.num_requests", "strategy.batch_size",
-                 "strategy.max_batch_tokens", "strategy.max_num_seqs", "strategy.max_prefill_chunk",
-                 "runner.replicas")
-CHOICES = {
-    "device": ("auto", "cpu", "cuda"),
-    "dtype": ("auto", *DTYPE_BYTES),
-    "strategy.name": tuple(STRATEGIES),
-    "runner.name": ("real", "sim"),
-    "runner.router": tuple(ROUTERS),
-    "model.source": MODEL_SOURCES,
-    "kernel_backend": BACKENDS,
-}
+KERNEL_BACKENDS = ("auto", "triton", "torch")  # kernels.BACKENDS; a test holds the two equal
+ROUTER_NAMES = ("round_robin", "least_outstanding")  # harness.sim.router.ROUTERS; likewise
+Fraction = Annotated[Number, Field(gt=0, le=1)]
+VALUE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--cfg", "-c", "--package",
+               "-p", "--info", "-i", "--experimental-rerun"}  # Hydra's flags that take the next argument
 
 
 class ConfigError(ValueError):
     pass
 
 
-def validate(cfg: DictConfig) -> None:
-    for key, allowed in CHOICES.items():
-        value = OmegaConf.select(cfg, key)
-        if value not in allowed:
-            raise ConfigError(f"{key} must be one of {', '.join(allowed)}; got {value!r}")
-    for key in POSITIVE_INTS:
-        value = OmegaConf.select(cfg, key)
-        if value is None and (key == "strategy.max_prefill_chunk" or not _present(cfg, key)):
-            continue
-        if not _is_positive_int(value):
-            raise ConfigError(f"{key} must be a positive integer; got {value!r}")
-    blocks = cfg.kv_cache.num_blocks
-    if blocks != "auto" and not _is_positive_int(blocks):
-        raise ConfigError(f"kv_cache.num_blocks must be auto or a positive integer; got {blocks!r}")
-    if cfg.runner.name == "real" and cfg.runner.replicas != 1:
-        raise ConfigError("runner.replicas > 1 needs runner=sim: a real run drives one model")
-    if cfg.runner.name == "sim" and cfg.stop_at_eos:
-        raise ConfigError("stop_at_eos needs runner=real: a simulation computes no tokens, so sees no EOS")
-    if cfg.device == "cuda" and not torch.cuda.is_available():
+class StaticConfig(Strict):
+    name: Literal["static"]
+    batch_size: Count
+
+
+class DynamicConfig(Strict):
+    name: Literal["dynamic"]
+    batch_size: Count
+
+
+class ContinuousConfig(Strict):
+    name: Literal["continuous"]
+    max_batch_tokens: Count
+    max_num_seqs: Count
+    max_prefill_chunk: Count | None = None
+    order: Literal[ORDERS] = "decode_first"
+
+
+StrategyConfig = Annotated[StaticConfig | DynamicConfig | ContinuousConfig, Field(discriminator="name")]
+
+
+class RealRunnerConfig(Strict):
+    name: Literal["real"]
+    replicas: Count = 1
+    router: Literal[ROUTER_NAMES] = "round_robin"
+
+    @model_validator(mode="after")
+    def _one_model(self):
+        if self.replicas != 1:
+            raise ValueError("replicas > 1 needs runner=sim: a real run drives one model")
+        return self
+
+
+class SimRunnerConfig(Strict):
+    name: Literal["sim"]
+    hardware: str | None = None  # roofline
+    profile: str | None = None  # calibrated
+    compute_efficiency: Fraction = 0.5
+    memory_efficiency: Fraction = 0.7
+    step_overhead_s: Annotated[Number, Field(ge=0, le=10)] = 0.002
+    replicas: Count = 1
+    router: Literal[ROUTER_NAMES] = "round_robin"
+
+    @model_validator(mode="after")
+    def _one_cost_model(self):
+        if self.hardware and self.profile:
+            raise ValueError("give hardware (roofline) or profile (calibrated), not both")
+        if not self.hardware and not self.profile:
+            raise ValueError("runner=sim needs runner.hardware=<name> (roofline) or runner.profile=<csv from "
+                             "python -m harness.sim.step_profile> (calibrated)")
+        if self.hardware:
+            from harness.sim.costmodel.hardware import HARDWARE
+
+            if self.hardware not in (*HARDWARE, "cpu"):
+                raise ValueError(f"unknown hardware {self.hardware!r}; choose one of {', '.join([*HARDWARE, 'cpu'])}")
+        if self.profile and not Path(self.profile).is_file():
+            raise ValueError(f"profile {self.profile!r} does not exist; make one with python -m "
+                             "harness.sim.step_profile")
+        return self
+
+
+RunnerConfig = Annotated[RealRunnerConfig | SimRunnerConfig, Field(discriminator="name")]
+
+
+class ModelShape(BaseModel):
+    """The transformers config keys batchlab reads; any other key passes through to transformers."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    model_type: str
+    vocab_size: Count
+    hidden_size: Count
+    intermediate_size: Count
+    num_hidden_layers: Count
+    num_attention_heads: Count
+    num_key_value_heads: Count | None = None
+    max_position_embeddings: Count
+
+
+class BuiltModel(Strict):
+    """tiny-llama: built here from its config with seeded random weights."""
+
+    name: str
+    source: Literal["tiny"]
+    seed: Seed = 0
+    config: ModelShape
+
+
+class DescribedModel(Strict):
+    """Described by its published config, never loaded."""
+
+    name: str
+    source: Literal["config"]
+    config: ModelShape
+
+
+class HubModel(Strict):
+    """Any transformers causal LM from the hub (cached) or a local folder."""
+
+    name: str
+    source: Literal["hf"]
+    trust_remote_code: bool = False
+
+
+ModelConfig = Annotated[BuiltModel | DescribedModel | HubModel, Field(discriminator="source")]
+
+
+class KVCacheConfig(Strict):
+    block_size: Count  # the model's context bounds it (checked in `validate`)
+    num_blocks: Literal["auto"] | Count = "auto"
+    memory_fraction: Fraction = 0.9
+
+
+class SLOConfig(Strict):
+    ttft_s: Positive | None = None
+    tpot_s: Positive | None = None
+
+
+class RunConfig(Strict):
+    strategy: StrategyConfig
+    workload: WorkloadConfig
+    model: ModelConfig
+    runner: RunnerConfig
+    concurrency: Count
+    seed: Seed
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", *DTYPE_BYTES] = "auto"
+    kernel_backend: Literal[KERNEL_BACKENDS] = "auto"
+    kv_cache: KVCacheConfig
+    slo: SLOConfig = SLOConfig()
+    stop_at_eos: bool = False
+    save_tokens: bool = False
+    progress: bool = True
+    overwrite: bool = False
+
+    @model_validator(mode="after")
+    def _across_keys(self):
+        if self.runner.name == "sim" and self.stop_at_eos:
+            raise ValueError("stop_at_eos needs runner=real: a simulation computes no tokens, so sees no EOS")
+        if self.runner.name == "real" and self.model.source == "config":
+            raise ValueError(f"model={self.model.name} is only described by its config, with no weights: use "
+                             "runner=sim, or model=hf model.name=<hub id or path> to run a real model")
+        strategy = self.strategy
+        most = strategy.max_num_seqs if strategy.name == "continuous" else strategy.batch_size
+        if self.kv_cache.num_blocks != "auto" and self.kv_cache.num_blocks < most:
+            raise ValueError(f"kv_cache.num_blocks={self.kv_cache.num_blocks} cannot hold one block for each of "
+                             f"the {most} requests {strategy.name} may run at once")
+        return self
+
+
+def validate(cfg: DictConfig) -> RunConfig:
+    """The typed config, or one `ConfigError` naming the key and the problem. Also checks what needs the
+    machine or a file: the device, the kernel backend, the model's config (never its weights)."""
+    data = plain_config(cfg)
+    try:
+        config = RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(one_line(e, data)) from None
+    if config.runner.name == "real":
+        _check_device(config)
+    try:
+        model = read_model_config(config.model)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model.name={config.model.name!r}: {e}") from None
+    context = model.get("max_position_embeddings")
+    if context and config.kv_cache.block_size > context:
+        raise ConfigError(f"kv_cache.block_size={config.kv_cache.block_size} is larger than the model's whole "
+                          f"context ({context} tokens)")
+    return config
+
+
+def _check_device(config: RunConfig) -> None:
+    import torch  # a real run needs it anyway; a simulated one never gets here
+
+    cuda = torch.cuda.is_available()
+    if config.device == "cuda" and not cuda:
         raise ConfigError("device=cuda but torch sees no CUDA device; use device=auto or device=cpu")
+    on_cpu = config.device == "cpu" or not cuda
+    if config.kernel_backend == "triton" and on_cpu and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ConfigError("kernel_backend=triton needs a CUDA device (or TRITON_INTERPRET=1 to interpret the "
+                          "kernels on the CPU, slowly); use kernel_backend=auto")
 
 
-def _is_positive_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def _present(cfg: DictConfig, key: str) -> bool:
-    section, name = key.rsplit(".", 1)
-    return name in OmegaConf.select(cfg, section)
+def expand_dict_overrides(overrides: list[str]) -> list[str]:
+    """`key={...}` replaces the whole node, as a user means it: Hydra would merge the dict into the node, keeping
+    keys of the old value (and refuse new ones). Becomes `~key` then `+key={...}`; sweeps are left alone."""
+    parser, expanded, takes_value = OverridesParser.create(), [], False
+    for text in overrides:
+        flag, takes_value = takes_value or text.startswith("-"), text in VALUE_FLAGS
+        if flag:  # command-line flags (-m, --cfg job, ...) and their values pass through
+            expanded.append(text)
+            continue
+        try:
+            override = parser.parse_override(text)
+        except Exception:  # Hydra reports a malformed override itself, in its own words
+            expanded.append(text)
+            continue
+        replaces_dict = (override.type.name == "CHANGE" and override.value_type == ValueType.ELEMENT
+                         and isinstance(override.value(), dict) and override.package is None)
+        expanded += [f"~{override.key_or_group}", f"+{text}"] if replaces_dict else [text]
+    return expanded
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
     """The same config `python -m harness` would build from these overrides, for the other entry points."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
+        return compose(config_name="config", overrides=expand_dict_overrides(overrides))
+

@@ -13,8 +13,8 @@ from omegaconf import DictConfig, OmegaConf
 from harness.analysis import metrics
 from harness.analysis.plots import plot_run
 from harness.analysis.report import run_report, terminal_table
-from harness.analysis.results import write_csv, write_json, write_text
-from harness.config import ConfigError, validate
+from harness.analysis.results import RunInterrupted, write_csv, write_json, write_text
+from harness.config import ConfigError, RunConfig, validate
 from harness.core.engine import Engine
 from harness.core.records import RunRecords
 from harness.core.replay import replay
@@ -28,18 +28,24 @@ log = logging.getLogger(__name__)
 CPU_NUM_BLOCKS = 2048  # `kv_cache.num_blocks=auto` on a CPU, real or simulated: 32k slots at block size 16
 
 
-def run_job(cfg: DictConfig, run_dir: Path) -> dict:
-    validate(cfg)
+def run_job(raw: DictConfig, run_dir: Path) -> dict:
+    """Run the job `raw` (a composed Hydra config) describes, writing its results into `run_dir`."""
+    cfg = validate(raw)
     build = _real_replicas if cfg.runner.name == "real" else _simulated_replicas
     replicas, route, workload, device, dtype = build(cfg)
-    replay(replicas, workload.requests, route, progress=bool(cfg.progress), desc=cfg.strategy.name)
-    for engine in replicas:
-        if engine.allocator.num_used_blocks:
-            raise RuntimeError(f"{engine.allocator.num_used_blocks} KV blocks still held after the run: a leak")
+    try:
+        replay(replicas, workload.requests, route, progress=cfg.progress, desc=cfg.strategy.name)
+    except RunInterrupted as stop:
+        interrupted = stop  # write what was measured, marked partial, then let the entry point say so
+    else:
+        interrupted = None
+        for engine in replicas:
+            if engine.allocator.num_used_blocks:
+                raise RuntimeError(f"{engine.allocator.num_used_blocks} KV blocks still held after the run: a leak")
 
     labels = {"strategy": cfg.strategy.name, "workload": workload.name, "runner": cfg.runner.name,
               "model": cfg.model.name, "workload_source": workload.info.get("source", ""),
-              "arrival": cfg.workload.get("arrival"), "rate": cfg.workload.get("rate"),
+              "arrival": cfg.workload.arrival, "rate": cfg.workload.rate,
               "concurrency": replicas[0].strategy.max_concurrency, "num_blocks": replicas[0].allocator.num_blocks,
               "block_size": cfg.kv_cache.block_size, "replicas": len(replicas),
               "cost_model": type(replicas[0].runner.cost_model).__name__ if cfg.runner.name == "sim" else None}
@@ -49,30 +55,33 @@ def run_job(cfg: DictConfig, run_dir: Path) -> dict:
     records = [r for e in replicas for r in e.records.requests]
     itl = metrics.inter_token_latencies(RunRecords(records))
     summary = metrics.summarize(requests, steps, itl, labels, cfg.slo.ttft_s, cfg.slo.tpot_s)
-    summary |= environment(device, dtype)
+    summary |= {"partial": interrupted is not None} | environment(device, dtype)
     if len(replicas) > 1:
         write_csv(run_dir / "replicas.csv", pd.DataFrame([
             {"replica": i} | metrics.summarize(t[0], t[1], metrics.inter_token_latencies(e.records), {},
                                                 cfg.slo.ttft_s, cfg.slo.tpot_s)
             for i, (t, e) in enumerate(zip(tables, replicas))]))
-    _write(run_dir, cfg, records, requests, steps, summary, workload.info, bool(cfg.save_tokens))
+    _write(run_dir, raw, records, requests, steps, summary, workload.info, cfg.save_tokens)
     print(terminal_table(summary))
     print(f"results: {run_dir}")
+    if interrupted is not None:
+        raise interrupted
     return summary
 
 
-def _real_replicas(cfg: DictConfig):
+def _real_replicas(cfg: RunConfig):
     """One replica on the model itself (a real run drives one model: no router)."""
     from harness.real.model import eos_token_ids, load_model, resolve_device, resolve_dtype
     from harness.real.runner import RealRunner
 
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device.type)
+    log.info("loading model %s on %s", cfg.model.name, device)
     try:
         model, tokenizer = load_model(cfg.model, device, dtype)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    workload = _workload(cfg, model.config.vocab_size, tokenizer)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model.name={cfg.model.name!r}: {e}") from None
+    workload = _workload(cfg, model.config.vocab_size, tokenizer, model.config.max_position_embeddings)
     if cfg.kv_cache.num_blocks != "auto":
         blocks = cfg.kv_cache.num_blocks
     elif device.type == "cuda":
@@ -94,7 +103,7 @@ def _real_replicas(cfg: DictConfig):
     return [engine], None, workload, str(device), str(dtype)
 
 
-def _simulated_replicas(cfg: DictConfig):
+def _simulated_replicas(cfg: RunConfig):
     """`runner.replicas` simulated replicas behind `runner.router`; the model is only described, never loaded."""
     from harness.sim.costmodel import build_cost_model
     from harness.sim.engine import SimEngine
@@ -109,7 +118,7 @@ def _simulated_replicas(cfg: DictConfig):
     except ValueError as e:
         raise ConfigError(str(e)) from None
     tokenizer = load_tokenizer(cfg.model)
-    workload = _workload(cfg, config["vocab_size"], tokenizer)
+    workload = _workload(cfg, config["vocab_size"], tokenizer, config["max_position_embeddings"])
     if cfg.kv_cache.num_blocks != "auto":
         blocks = cfg.kv_cache.num_blocks
     else:
@@ -132,8 +141,8 @@ def auto_num_blocks(costs, block_size: int, memory_fraction: float) -> int:
         raise ConfigError(str(e)) from None
 
 
-def _replica(cfg: DictConfig, make_runner, num_blocks: int, max_model_len: int, eos, engine_class) -> Engine:
-    options = {k: v for k, v in OmegaConf.to_container(cfg.strategy, resolve=True).items() if k != "name"}
+def _replica(cfg: RunConfig, make_runner, num_blocks: int, max_model_len: int, eos, engine_class) -> Engine:
+    options = cfg.strategy.model_dump(exclude={"name"})
     try:
         return build_replica(cfg.strategy.name, options, make_runner, num_blocks=num_blocks,
                              block_size=cfg.kv_cache.block_size, max_model_len=max_model_len, eos_token_ids=eos,
@@ -142,8 +151,8 @@ def _replica(cfg: DictConfig, make_runner, num_blocks: int, max_model_len: int, 
         raise ConfigError(str(e)) from None
 
 
-def _workload(cfg: DictConfig, vocab_size: int, tokenizer):
-    workload = build_workload(cfg.workload, vocab_size, tokenizer)
+def _workload(cfg: RunConfig, vocab_size: int, tokenizer, max_model_len: int):
+    workload = build_workload(cfg.workload, vocab_size, tokenizer, max_model_len)
     for key, value in workload.info.items():
         if key != "provenance":  # long; the report carries it
             log.info("workload %s: %s", key, value)

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from workloads.config import plain_config
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 MODEL_SOURCES = ("tiny", "config", "hf")  # built here with random weights, described only, or loaded
@@ -72,18 +72,45 @@ def dtype_name(name: str, device_type: str) -> str:
 
 
 def read_model_config(model_cfg) -> dict:
-    """The model's config as a mapping, without loading weights or model code: the `config` a described or
-    built-in model carries in `conf/model/`, or the `config.json` of a local folder or (cached) hub model."""
+    """The model's config as a mapping, without loading weights or model code: the `config` a built-in or
+    described model carries in `conf/model/`, or the `config.json` of a local folder or a hub model (from the
+    cache, or downloaded when the hub can be reached). Raises OSError saying which of those failed."""
     if model_cfg.source in ("tiny", "config"):
-        return OmegaConf.to_container(model_cfg.config, resolve=True)
-    folder = Path(model_cfg.name)
+        config = model_cfg.config
+        return config.model_dump(exclude_unset=True) if hasattr(config, "model_dump") else plain_config(config)
+    name = model_cfg.name
+    folder = Path(name).expanduser()
     if folder.is_dir():
         path = folder / "config.json"
+        if not path.is_file():
+            raise OSError(f"the folder {str(folder)!r} has no config.json (not a transformers model folder)")
+    elif name.startswith(("/", ".", "~")) or name.count("/") > 1:
+        raise OSError(f"no folder {name!r}")
     else:
-        from huggingface_hub import hf_hub_download  # a hub id: its config.json, from the cache when offline
-
-        path = Path(hf_hub_download(model_cfg.name, "config.json"))
+        path = Path(_hub_file(name, "config.json"))
     return json.loads(path.read_text())
+
+
+def _hub_file(repo_id: str, filename: str) -> str:
+    """A hub file from the local cache, else downloaded; a clear OSError when neither can work."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants, hf_hub_download, try_to_load_from_cache
+
+    cached = try_to_load_from_cache(repo_id, filename)
+    if isinstance(cached, str):
+        return cached
+    if constants.HF_HUB_OFFLINE:
+        raise OSError(f"{repo_id!r} is not a local folder and not in the Hugging Face cache (HF_HUB_OFFLINE is set)")
+    host = urlparse(constants.ENDPOINT).hostname
+    try:  # one short probe: the hub client would otherwise retry for half a minute before saying so
+        socket.create_connection((host, 443), timeout=float(os.environ.get("BATCHLAB_HUB_TIMEOUT_S", 3))).close()
+    except OSError:
+        raise OSError(f"{repo_id!r} is not a local folder, not in the Hugging Face cache, and {host} cannot be "
+                      "reached to download it") from None
+    return hf_hub_download(repo_id, filename)
 
 
 def load_tokenizer(model_cfg):

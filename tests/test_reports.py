@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from harness.analysis import metrics
-from harness.analysis.compare import load_runs, write_comparison
+from harness.analysis.compare import write_comparison
 from harness.analysis.report import duration
 from harness.analysis.results import write_text
 from harness.core.records import RunRecords, StepRecord
@@ -90,7 +90,7 @@ def test_a_sweep_ends_in_a_comparison_survives_a_failed_job_and_resumes(tmp_path
     finished = comparison[comparison.status == "finished"]
     assert sorted(finished.strategy) == ["continuous", "continuous", "static", "static"]
     assert sorted(set(finished.rate)) == [20, 80]
-    assert "Failed runs" in (tmp_path / "comparison.md").read_text()
+    assert "Runs that did not finish" in (tmp_path / "comparison.md").read_text()
     for name in ("metrics_vs_rate.png", "padding_waste.png"):
         assert (tmp_path / "plots" / name).read_bytes()[:8] == PNG
     run = next(p for p in tmp_path.iterdir() if (p / "summary.json").exists())
@@ -100,30 +100,42 @@ def test_a_sweep_ends_in_a_comparison_survives_a_failed_job_and_resumes(tmp_path
     assert again.returncode == 0 and again.stdout.count("skipped:") == 4
 
 
-def test_compare_by_hand_on_run_folders(tmp_path):
+def test_compare_by_hand_lists_every_folder_with_its_status(tmp_path):
     for name, strategy, rate, waste in (("a", "static", 1.0, 0.5), ("b", "continuous", 1.0, 0.0),
                                         ("c", "static", 2.0, 0.4), ("d", "continuous", 2.0, 0.0)):
         (tmp_path / name).mkdir()
         summary = {"strategy": strategy, "workload": "w", "rate": rate, "concurrency": 4, "padding_waste": waste,
                    "output_throughput_tps": 10 * rate, "goodput_rps": rate, "ttft_s_p50": 0.1, "ttft_s_p99": 0.2}
         (tmp_path / name / "summary.json").write_text(pd.Series(summary).to_json())
-    (tmp_path / "e").mkdir()
-    (tmp_path / "e" / "status.json").write_text('{"status": "failed", "error": "boom"}')
-    out = tmp_path / "out"
+        (tmp_path / name / "status.json").write_text('{"status": "finished"}')
+    folders = {"failed": {"status.json": '{"status": "failed", "error": "boom"}'},
+               # an old summary beside a later failure: the failure is what counts
+               "failed-later": {"status.json": '{"status": "failed", "error": "later"}', "summary.json": '{"a": 1}'},
+               "damaged-status": {"status.json": '{"stat'},
+               "damaged-summary": {"status.json": '{"status": "finished"}', "summary.json": "[1, 2"},
+               "died": {"status.json": '{"status": "running"}'},  # nobody holds its lock
+               "empty": {}}
+    for name, files in folders.items():
+        (tmp_path / name).mkdir()
+        for file, text in files.items():
+            (tmp_path / name / file).write_text(text)
+    out = tmp_path.parent / f"{tmp_path.name}-out"
     result = subprocess.run([sys.executable, "-m", "harness.analysis.compare", str(tmp_path / "*"), "--out", str(out)],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    runs = load_runs(sorted(p for p in tmp_path.iterdir() if p.name != "out"))
-    assert len(runs) == 5 and (runs.status == "failed").sum() == 1
-    table = pd.read_csv(out / "comparison.csv")
-    assert np.isclose(table.set_index("run").loc["c", "output_throughput_tps"], 20.0)
+    table = pd.read_csv(out / "comparison.csv").set_index("run")
+    assert len(table) == 10 and all(name in result.stdout for name in folders)
+    assert table.status.to_dict() == {"a": "finished", "b": "finished", "c": "finished", "d": "finished",
+                                      "failed": "failed", "failed-later": "failed", "damaged-status": "damaged",
+                                      "damaged-summary": "damaged", "died": "crashed", "empty": "no run"}
+    assert np.isclose(table.loc["c", "output_throughput_tps"], 20.0)
     assert (out / "plots" / "metrics_vs_rate.png").read_bytes()[:8] == PNG
     assert "boom" in (out / "comparison.md").read_text()
 
 
 def test_comparison_of_nothing_is_an_error(tmp_path):
-    with pytest.raises(SystemExit, match="no run folders"):
-        write_comparison([tmp_path], tmp_path / "out")
+    with pytest.raises(SystemExit, match="no folders to compare"):
+        write_comparison([], tmp_path / "out")
 
 
 def test_a_parallel_sweep_of_simulations_with_the_joblib_launcher(tmp_path):

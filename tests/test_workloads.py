@@ -19,9 +19,12 @@ FIXTURE = ROOT / "tests" / "fixtures" / "sharegpt_small.json"
 
 
 def workload_cfg(name: str, **overrides):
+    """A workload config as the conf file has it; an override replaces its key whole (a distribution too)."""
     cfg = OmegaConf.load(ROOT / "conf" / "workload" / f"{name}.yaml")
     cfg.seed = 0
-    return OmegaConf.merge(cfg, overrides)
+    for key, value in overrides.items():
+        cfg[key] = value
+    return cfg
 
 
 @pytest.mark.parametrize("name", ["synthetic", "sharegpt"])
@@ -80,8 +83,8 @@ def test_real_sharegpt_prompts_without_completions_get_the_two_turns_answer():
 
 
 def test_rate_based_arrivals_need_a_positive_rate_and_no_rate_means_all_at_once():
-    with pytest.raises(WorkloadError, match="needs workload.rate > 0"):
-        arrival_times("poisson", 10, np.random.default_rng(0), rate=0.0)
+    with pytest.raises(WorkloadError, match="workload.rate should be greater than 0, got 0"):
+        build_workload(workload_cfg("synthetic", rate=0), vocab_size=100)
     assert arrival_times("gamma", 5, np.random.default_rng(0), rate=None).tolist() == [0.0] * 5
 
 
@@ -146,17 +149,17 @@ def test_trace_sampling_and_clamps():
 @pytest.mark.parametrize("name,content,message", [
     ("azure", "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46,3\n", r"lacks column\(s\) \['GeneratedTokens'\]"),
     ("azure", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,x\n",
-     "data row 1: GeneratedTokens = x is not an integer"),
+     "data row 1: GeneratedTokens = x is not a whole number >= 1"),
     ("azure", "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,3,4\n", "data row 1: TIMESTAMP 'yesterday'"),
     ("azure", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,3,4\n2023-11-16 18:15:40,3,4\n",
      "data row 2: timestamp goes back in time"),
     ("burstgpt", "Timestamp,Model,Request tokens,Response tokens\n1,ChatGPT,-4,5\n",
-     "data row 1: Request tokens = -4 is not an integer >= 0"),
+     "data row 1: Request tokens = -4 is not a whole number >= 0"),
     ("burstgpt", "Timestamp,Model,Request tokens,Response tokens\n", "zero requests"),
     ("mooncake", '{"timestamp": 0, "input_length": 5}\n', "line 1: expected a JSON object"),
     ("mooncake", '{"timestamp": 5, "input_length": 5, "output_length": 1}\n'
                  '{"timestamp": 1, "input_length": 5, "output_length": 1}\n', "timestamp goes back in time"),
-    ("mooncake", '{"timestamp": 0, "input_length": 0, "output_length": 1}\n', "must be positive"),
+    ("mooncake", '{"timestamp": 0, "input_length": 0, "output_length": 1}\n', "input_length = 0 is not a whole number"),
 ])
 def test_bad_traces_get_one_clear_error_naming_file_and_row(tmp_path, name, content, message):
     path = tmp_path / f"bad.{FIXTURE_EXT[name]}"
@@ -179,8 +182,9 @@ def test_trace_arrivals_need_timestamps():
        arrival=st.sampled_from(["offline", "poisson", "gamma", "constant"]),
        low=st.integers(1, 50), span=st.integers(0, 300))
 def test_any_synthetic_workload_is_ordered_clamped_and_deterministic(seed, n, dist, arrival, low, span):
-    spec = {"dist": dist, "low": low, "high": low + span, "mean": low + span / 2, "std": span / 4 + 1,
-            "sigma": 0.8, "min": low, "max": low + span}
+    parameters = {"uniform": {"low": low, "high": low + span}, "normal": {"mean": low + span / 2, "std": span / 4 + 1},
+                  "lognormal": {"mean": low + span / 2, "sigma": 0.8}, "exponential": {"mean": low + span / 2}}
+    spec = {"dist": dist, "min": low, "max": low + span, **parameters[dist]}
     cfg = workload_cfg("synthetic", seed=seed, num_requests=n, arrival=arrival, rate=3.0, burstiness=0.5,
                        prompt=spec, output=spec)
     a, b = build_workload(cfg, vocab_size=500), build_workload(cfg, vocab_size=500)

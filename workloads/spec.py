@@ -16,16 +16,28 @@ def existing_file(path: str, what: str) -> Path:
     return file
 
 
+def fits_context(prompt_len, max_new_tokens, max_model_len: int):
+    """Whether a request fits a model's context: prompt and every new token (also elementwise on arrays)."""
+    return prompt_len + max_new_tokens <= max_model_len
+
+
 @dataclass(frozen=True)
 class RequestSpec:
+    """A request as the workload wants it sent. `prompt_len` defaults to the ids' length; a request the model can
+    never serve (longer than its context) carries its length without ids, which are never built for it."""
+
     request_id: int
     arrival_s: float
     prompt_ids: tuple[int, ...]
     max_new_tokens: int
+    prompt_len: int = -1  # -1: len(prompt_ids)
 
-    @property
-    def prompt_len(self) -> int:
-        return len(self.prompt_ids)
+    def __post_init__(self) -> None:
+        if self.prompt_len == -1:
+            object.__setattr__(self, "prompt_len", len(self.prompt_ids))
+        elif self.prompt_ids and len(self.prompt_ids) != self.prompt_len:
+            raise ValueError(f"request {self.request_id}: {len(self.prompt_ids)} prompt ids for prompt_len "
+                             f"{self.prompt_len}")
 
 
 @dataclass
@@ -50,8 +62,8 @@ class Workload:
                     f"before request {prev.request_id} at {prev.arrival_s}s (arrivals must be time-ordered)"
                 )
         for r in self.requests:
-            if r.prompt_len < 1 or r.max_new_tokens < 1 or r.arrival_s < 0:
+            if r.prompt_len < 1 or r.max_new_tokens < 1 or not 0 <= r.arrival_s < float("inf"):
                 raise WorkloadError(
                     f"workload {self.name!r}: request {r.request_id} has prompt_len={r.prompt_len}, "
-                    f"max_new_tokens={r.max_new_tokens}, arrival_s={r.arrival_s}; all must be positive"
+                    f"max_new_tokens={r.max_new_tokens}, arrival_s={r.arrival_s}; all must be positive and finite"
                 )

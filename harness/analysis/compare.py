@@ -12,7 +12,7 @@ from hydra.experimental.callback import Callback
 from matplotlib import ticker
 
 from harness.analysis.plots import save_figure
-from harness.analysis.results import RunStatus, write_csv, write_text
+from harness.analysis.results import RunStatus, folder_in_use, read_status, write_csv, write_text
 
 COLUMNS = ["status", "strategy", "workload", "arrival", "rate", "concurrency", "num_finished", "num_rejected",
            "num_preemptions", "request_throughput_rps", "output_throughput_tps", "goodput_rps", "ttft_s_p50",
@@ -22,16 +22,23 @@ SWEEP_AXES = ("rate", "concurrency")  # the first that varies across runs become
 
 
 def load_runs(run_dirs: list[Path]) -> pd.DataFrame:
-    """One row per run folder: its summary, or its failure from status.json."""
+    """One row per folder given, whatever state it is in: a finished run's summary; an interrupted run's partial
+    summary; a failed run's error; a folder whose files are damaged, whose run died without a status, or that is
+    no run folder at all, said so. `status.json` is the truth: a summary left by an earlier run never counts."""
     rows = []
     for run_dir in run_dirs:
-        summary, status = run_dir / "summary.json", run_dir / "status.json"
-        if summary.exists():
-            row = json.loads(summary.read_text()) | {"status": RunStatus.FINISHED.value}
-        elif status.exists():
-            row = json.loads(status.read_text())
+        status = read_status(run_dir)
+        state = status.get("status")
+        if state is None:
+            row = {"status": "no run", "error": "no status.json: not a run folder"}
+        elif state == RunStatus.RUNNING and not folder_in_use(run_dir):
+            row = status | {"status": "crashed", "error": "the run ended without writing its status (killed?)"}
+        elif state in (RunStatus.FINISHED, RunStatus.INTERRUPTED):
+            summary = _read_summary(run_dir / "summary.json")
+            row = status | ({"status": "damaged", "error": "summary.json is missing or unreadable"}
+                            if summary is None else summary | {"status": state})
         else:
-            continue  # not a run folder
+            row = status
         rows.append(row | {"run": run_dir.name})
     table = pd.DataFrame(rows)
     for column in COLUMNS:
@@ -40,8 +47,16 @@ def load_runs(run_dirs: list[Path]) -> pd.DataFrame:
     return table
 
 
+def _read_summary(path: Path) -> dict | None:
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
 def sweep_axis(runs: pd.DataFrame) -> str | None:
-    finished = runs[runs.status == RunStatus.FINISHED.value]
+    finished = runs[runs.status == RunStatus.FINISHED]
     return next((axis for axis in SWEEP_AXES if finished[axis].nunique(dropna=True) > 1), None)
 
 
@@ -52,7 +67,7 @@ def _slo_text(runs: pd.DataFrame) -> str:
 
 
 def plot_comparison(runs: pd.DataFrame, plots_dir: Path) -> list[Path]:
-    finished = runs[runs.status == RunStatus.FINISHED.value]
+    finished = runs[runs.status == RunStatus.FINISHED]
     if finished.empty:
         return []
     axis = sweep_axis(runs)
@@ -92,11 +107,12 @@ def plot_comparison(runs: pd.DataFrame, plots_dir: Path) -> list[Path]:
 
 def comparison_markdown(runs: pd.DataFrame, plots: list[Path], out_dir: Path) -> str:
     shown = runs[COLUMNS].drop(columns="error")
-    failed = runs[runs.status != RunStatus.FINISHED.value]
-    parts = ["# Comparison", "", f"{len(runs)} runs, {len(failed)} failed.", "",
+    failed = runs[runs.status != RunStatus.FINISHED]
+    parts = ["# Comparison", "", f"{len(runs)} runs, {len(failed)} not finished.", "",
              shown.to_markdown(index=False, floatfmt=".4g"), ""]
     if len(failed):
-        parts += ["## Failed runs", "", *[f"- {row.run}: {row.error}" for row in failed.itertuples()], ""]
+        parts += ["## Runs that did not finish", "",
+                  *[f"- {row.run}: {row.status}: {row.error}" for row in failed.itertuples()], ""]
     parts += [f"![{p.stem}]({p.relative_to(out_dir).as_posix()})" for p in plots]
     return "\n".join(parts) + "\n"
 
@@ -104,7 +120,7 @@ def comparison_markdown(runs: pd.DataFrame, plots: list[Path], out_dir: Path) ->
 def write_comparison(run_dirs: list[Path], out_dir: Path) -> pd.DataFrame:
     runs = load_runs(run_dirs)
     if runs.empty:
-        raise SystemExit(f"no run folders (with summary.json or status.json) among {len(run_dirs)} paths")
+        raise SystemExit("no folders to compare")
     sort = [c for c in ("strategy", "rate", "concurrency") if runs[c].notna().any()]
     runs = runs.sort_values(sort, na_position="last").reset_index(drop=True)
     write_csv(out_dir / "comparison.csv", runs[["run", *COLUMNS]])
@@ -114,7 +130,7 @@ def write_comparison(run_dirs: list[Path], out_dir: Path) -> pd.DataFrame:
 
 
 def print_comparison(runs: pd.DataFrame, out_dir: Path) -> None:
-    shown = ["strategy", "workload", "rate", "concurrency", "status", "output_throughput_tps", "ttft_s_p50",
+    shown = ["run", "status", "strategy", "workload", "rate", "concurrency", "output_throughput_tps", "ttft_s_p50",
              "padding_waste"]
     print(runs[shown].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     print(f"comparison: {out_dir / 'comparison.md'}")
@@ -125,7 +141,8 @@ class ComparisonCallback(Callback):
 
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        runs = write_comparison(sorted(p for p in sweep_dir.iterdir() if p.is_dir()), sweep_dir)
+        jobs = sorted(p for p in sweep_dir.iterdir() if (p / ".hydra").is_dir())  # each job's folder has one
+        runs = write_comparison(jobs, sweep_dir)
         print_comparison(runs, sweep_dir)
 
 
@@ -135,7 +152,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("results") / "comparison", help="where to write")
     args = parser.parse_args()
     run_dirs = sorted({Path(p) for pattern in args.runs for p in (glob.glob(pattern) or [pattern])})
-    print_comparison(write_comparison([p for p in run_dirs if p.is_dir()], args.out), args.out)
+    missing = [str(p) for p in run_dirs if not p.is_dir()]
+    if missing:
+        raise SystemExit(f"error: not a folder: {', '.join(missing)}")
+    print_comparison(write_comparison(run_dirs, args.out), args.out)
 
 
 if __name__ == "__main__":

@@ -99,6 +99,8 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: np.ndarray, labe
         "num_requests": len(requests),
         "num_finished": len(finished),
         "num_rejected": int((requests.status == RequestStatus.REJECTED.label).sum()),
+        # Nonzero only when a run was interrupted: requests that had entered and were still waiting or running.
+        "num_unfinished": len(requests) - len(finished) - int((requests.status == RequestStatus.REJECTED.label).sum()),
         "num_preemptions": int(requests.num_preemptions.sum()),
         "num_steps": len(steps),
         "makespan_s": makespan,

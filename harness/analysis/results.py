@@ -1,21 +1,101 @@
-"""Atomic writes: a reader (or a crashed run) never sees half a file. Files get the usual permissions (0666 less
-the umask), so results on a shared file system stay readable to colleagues."""
+"""A run folder on disk: atomic writes (a reader, or a crashed run, never sees half a file), the usual file
+permissions (0666 less the umask, so results on a shared file system stay readable to colleagues), and the
+folder's lifecycle: one run at a time holds it, a new run clears the old results first, and `status.json` always
+says where the run stands."""
 
+import contextlib
 import enum
+import fcntl
 import json
 import math
 import os
+import shutil
+import time
 import uuid
 from pathlib import Path
 
 import pandas as pd
 
+# What a run writes into its folder; a new run into the folder removes these first (and nothing else).
+RESULT_FILES = ("status.json", "summary.json", "requests.csv", "steps.csv", "replicas.csv", "report.md",
+                "tokens.jsonl", "config.yaml")
+LOCK_FILE = ".lock"
 
-class RunStatus(str, enum.Enum):
+
+class RunStatus(enum.StrEnum):
     """What a run folder's `status.json` says."""
 
+    RUNNING = "running"
     FINISHED = "finished"
     FAILED = "failed"
+    INTERRUPTED = "interrupted"  # stopped by SIGINT / SIGTERM; what was measured is written, marked partial
+
+
+class FolderInUse(RuntimeError):
+    pass
+
+
+class RunInterrupted(BaseException):
+    """SIGINT or SIGTERM during a run; a BaseException, as KeyboardInterrupt is, so no `except Exception` eats it."""
+
+    def __init__(self, signal):
+        super().__init__(signal.name)
+        self.signal = signal
+
+
+@contextlib.contextmanager
+def claim_run_folder(run_dir: Path, labels: dict):
+    """Hold `run_dir` for one run: refuse if another process holds it, clear an earlier run's results, and say
+    `running` until the caller writes the final status. The lock is an flock, so a killed run releases it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / LOCK_FILE, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            raise FolderInUse(f"{run_dir} is in use by another run ({holder}); give this one its own "
+                              "hydra.run.dir") from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()}")
+        lock.flush()
+        for name in RESULT_FILES:
+            (run_dir / name).unlink(missing_ok=True)
+        shutil.rmtree(run_dir / "plots", ignore_errors=True)
+        write_status(run_dir, RunStatus.RUNNING, labels | {"pid": os.getpid()})
+        yield
+
+
+def write_status(run_dir: Path, status: RunStatus, details: dict | None = None) -> None:
+    write_json(run_dir / "status.json", {"status": status, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+               | (details or {}))
+
+
+def read_status(run_dir: Path) -> dict:
+    """The folder's status.json, or {} when it has none; a damaged one reads as `{"status": "damaged", ...}`."""
+    path = run_dir / "status.json"
+    if not path.is_file():
+        return {}
+    try:
+        status = json.loads(path.read_text())
+        if not isinstance(status, dict) or "status" not in status:
+            raise ValueError("no status in it")
+        return status
+    except (ValueError, UnicodeDecodeError, OSError) as e:
+        return {"status": "damaged", "error": f"status.json unreadable: {e}"}
+
+
+def folder_in_use(run_dir: Path) -> bool:
+    """Whether a live run holds the folder (a `running` status with no holder means the run died)."""
+    try:
+        with open(run_dir / LOCK_FILE) as lock:
+            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
 
 
 def _write_atomic(path: Path, write) -> None:

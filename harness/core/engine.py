@@ -14,6 +14,7 @@ from harness.core.records import RunRecords, StepRecord
 from harness.core.runner import Runner, StepResult
 from strategies import BatchPlan, Request, RequestStatus, Strategy
 from workloads import RequestSpec
+from workloads.spec import fits_context
 
 if TYPE_CHECKING:
     from harness.core.replay import Arrivals
@@ -51,7 +52,7 @@ class Engine:
         request = Request(request_id=spec.request_id, arrival_s=spec.arrival_s, token_ids=list(spec.prompt_ids),
                           num_prompt_tokens=spec.prompt_len, max_new_tokens=spec.max_new_tokens)
         needed_blocks = self.allocator.num_blocks_for(request.max_num_tokens)
-        if spec.prompt_len + spec.max_new_tokens > self.max_model_len:
+        if not fits_context(spec.prompt_len, spec.max_new_tokens, self.max_model_len):
             request.reject_reason = (f"prompt ({spec.prompt_len}) + max_new_tokens ({spec.max_new_tokens}) exceeds "
                                      f"the model's context of {self.max_model_len} tokens")
         elif needed_blocks > self.allocator.num_blocks:

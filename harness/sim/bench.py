@@ -7,7 +7,7 @@ each strategy and prints simulated requests per second of wall time, timing the 
 import argparse
 import time
 
-from harness.config import compose_config
+from harness.config import compose_config, validate
 from harness.core.replica import build_replica
 from harness.model_spec import Architecture, read_model_config
 from harness.sim.costmodel import RooflineCostModel
@@ -25,7 +25,7 @@ def main() -> None:
     args = parser.parse_args()
     cfg = compose_config(["model=llama-2-7b", f"workload.num_requests={args.requests}", f"workload.rate={args.rate}",
                           f"concurrency={args.concurrency}", "strategy.max_batch_tokens=2048"])
-    config = read_model_config(cfg.model)
+    config = read_model_config(validate(cfg).model)
     costs = RooflineCostModel(Architecture.from_config(config, 2), HARDWARE["h100"], step_overhead_s=0.002)
     workload = build_workload(cfg.workload, config["vocab_size"])
     output_tokens = sum(r.max_new_tokens for r in workload.requests)
@@ -33,8 +33,8 @@ def main() -> None:
           f"Llama-2-7B on an H100 (roofline), concurrency {args.concurrency}")
     for name in ("static", "dynamic", "continuous"):
         budget = ["strategy.max_batch_tokens=2048"] if name == "continuous" else []
-        strategy_cfg = compose_config([f"strategy={name}", f"concurrency={args.concurrency}", *budget]).strategy
-        options = {k: v for k, v in strategy_cfg.items() if k != "name"}
+        strategy = validate(compose_config([f"strategy={name}", f"concurrency={args.concurrency}", *budget])).strategy
+        options = strategy.model_dump(exclude={"name"})
         engine = build_replica(name, options, lambda allocator: SimRunner(costs),
                                num_blocks=costs.num_kv_blocks(16, 0.9), block_size=16,
                                max_model_len=config["max_position_embeddings"], engine_class=SimEngine)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from harness.analysis.results import write_text
-from harness.config import compose_config
+from harness.config import compose_config, validate
 from harness.core.kv_cache import BlockAllocator
 from harness.core.replica import build_replica
 from harness.environment import environment
@@ -82,7 +82,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a small grid (seconds), for tests")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs of each shape, after warm-ups")
     args = parser.parse_args()
-    cfg = compose_config(args.overrides)
+    cfg = validate(compose_config(args.overrides))
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device.type)
     model, _ = load_model(cfg.model, device, dtype)

@@ -1,0 +1,113 @@
+"""The engine's invariants on random workloads, caches, budgets and clusters, through every strategy on the
+simulated runner: nothing lost, no leak, budgets and caps never exceeded, clocks that only move forward, counts
+that add up, and the bulk decode path making exactly the records of step-by-step running.
+
+A few hundred cases run by default; `pytest -m slow` runs ten thousand.
+"""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness.core.engine import Engine
+from harness.core.replay import replay
+from harness.core.replica import build_replica
+from harness.sim.engine import SimEngine
+from harness.sim.router import ROUTERS
+from harness.sim.runner import SimRunner
+from strategies import RequestStatus
+from tests.conftest import StepCost
+from workloads import RequestSpec
+
+
+@st.composite
+def scenarios(draw):
+    strategy = draw(st.sampled_from(["static", "dynamic", "continuous"]))
+    concurrency = draw(st.integers(1, 8))
+    if strategy == "continuous":
+        options = {"max_batch_tokens": draw(st.integers(1, 96)), "max_num_seqs": concurrency,
+                   "max_prefill_chunk": draw(st.none() | st.integers(1, 48)),
+                   "order": draw(st.sampled_from(["decode_first", "prefill_first"]))}
+    else:
+        options = {"batch_size": concurrency}
+    n = draw(st.integers(1, 24))
+    lengths = draw(st.lists(st.tuples(st.integers(1, 60), st.integers(1, 40)), min_size=n, max_size=n))
+    gaps = draw(st.lists(st.sampled_from([0.0, 0.0, 0.001, 0.01, 0.05, 0.3]), min_size=n, max_size=n))
+    arrivals = [sum(gaps[:i + 1]) for i in range(n)]
+    specs = [RequestSpec(i, arrivals[i], tuple(range(1, p + 1)), m) for i, (p, m) in enumerate(lengths)]
+    return {
+        "strategy": strategy, "options": options, "specs": specs,
+        "block_size": draw(st.integers(1, 16)), "num_blocks": draw(st.integers(concurrency, 160)),
+        "max_model_len": draw(st.integers(8, 128)), "replicas": draw(st.integers(1, 3)),
+        "router": draw(st.sampled_from(sorted(ROUTERS))),
+        "cost": StepCost(draw(st.sampled_from([0.001, 0.01])), per_token_s=draw(st.sampled_from([0.0, 1e-4])),
+                         per_pair_s=draw(st.sampled_from([0.0, 1e-6])), step_overhead_s=0.0005),
+    }
+
+
+def run(scenario: dict, engine_class) -> list:
+    engines = [build_replica(scenario["strategy"], scenario["options"], lambda a: SimRunner(scenario["cost"]),
+                             num_blocks=scenario["num_blocks"], block_size=scenario["block_size"],
+                             max_model_len=scenario["max_model_len"], engine_class=engine_class)
+               for _ in range(scenario["replicas"])]
+    route = ROUTERS[scenario["router"]]() if len(engines) > 1 else None
+    replay(engines, scenario["specs"], route)
+    return engines
+
+
+def check_invariants(scenario: dict) -> None:
+    engines = run(scenario, SimEngine)
+    specs = {s.request_id: s for s in scenario["specs"]}
+    options = scenario["options"]
+    # Nothing lost: every request that arrived is in exactly one replica's records, finished or rejected.
+    records = [r for e in engines for r in e.records.requests]
+    assert sorted(r.request_id for r in records) == sorted(specs)
+    for r in records:
+        spec = specs[r.request_id]
+        if r.status == RequestStatus.REJECTED:
+            assert r.reject_reason and not r.token_times_s
+            continue
+        assert r.status == RequestStatus.FINISHED
+        assert r.num_output_tokens == spec.max_new_tokens == len(r.token_times_s)
+        assert r.arrival_s <= r.first_scheduled_s < r.token_times_s[0]
+        assert all(a < b for a, b in zip(r.token_times_s, r.token_times_s[1:]))
+        assert r.finish_s == r.token_times_s[-1]
+    for engine in engines:
+        assert engine.allocator.num_used_blocks == 0  # no leak
+        assert not engine.waiting and not engine.running
+        steps = engine.records.steps
+        for s, after in zip(steps, steps[1:]):  # the clock only moves forward, by each step's duration at least
+            assert after.start_s >= s.start_s + s.duration_s - 1e-12
+        for s in steps:
+            assert 0 < s.kv_used_blocks <= scenario["num_blocks"]
+            if scenario["strategy"] == "continuous":
+                assert s.num_padding_tokens == 0
+                assert s.num_prefill_tokens + s.num_decode_tokens <= options["max_batch_tokens"]
+                assert s.num_seqs <= options["max_num_seqs"]
+            else:
+                assert s.num_rows <= options["batch_size"]
+    # Counts add up: every token computed once, more only when preemption made a request recompute.
+    finished = [r for r in records if r.status == RequestStatus.FINISHED]
+    needed = sum(r.num_prompt_tokens + r.num_output_tokens - 1 for r in finished)
+    computed = sum(s.num_prefill_tokens + s.num_decode_tokens for e in engines for s in e.records.steps)
+    preempted = sum(r.num_preemptions for r in records)
+    assert computed == needed if not preempted else computed > needed
+    # The bulk path makes exactly the records of step-by-step running.
+    plain = run(scenario, Engine)
+    assert [[vars(s) for s in e.records.steps] for e in plain] == [[vars(s) for s in e.records.steps] for e in engines]
+    assert [[(r.request_id, r.status, r.token_times_s, r.num_preemptions) for r in e.records.requests]
+            for e in plain] == [[(r.request_id, r.status, r.token_times_s, r.num_preemptions)
+                                 for r in e.records.requests] for e in engines]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario=scenarios())
+def test_engine_invariants_on_random_scenarios(scenario):
+    check_invariants(scenario)
+
+
+@pytest.mark.slow
+@settings(max_examples=10_000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario=scenarios())
+def test_engine_invariants_on_ten_thousand_random_scenarios(scenario):
+    check_invariants(scenario)

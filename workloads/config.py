@@ -1,0 +1,229 @@
+"""What a `workload=` config may say: its keys, their types and ranges, and the rules between them.
+
+`WorkloadConfig.parse` turns a config mapping into one of the source models below or raises one `WorkloadError`
+line naming the key and the problem; `build_workload` takes only parsed configs, so nothing downstream checks a
+value twice. `one_line` formats pydantic's errors for the run config too, so every config error reads alike.
+"""
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+from workloads.arrivals import ARRIVALS
+from workloads.spec import WorkloadError
+
+
+def _no_bool(value):
+    if isinstance(value, bool):
+        raise ValueError("should be a number, not true/false")
+    return value
+
+
+# Counts are whole numbers: 70.9 tokens or `true` requests are input errors, not something to round.
+Count = Annotated[int, Field(strict=True, ge=1)]
+Seed = Annotated[int, Field(strict=True, ge=0)]
+Number = Annotated[float, BeforeValidator(_no_bool)]
+Positive = Annotated[Number, Field(gt=0)]
+NonNegative = Annotated[Number, Field(ge=0)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+
+class _Length(Strict):
+    min: Count = 1
+    max: Count = 1 << 30
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        return self
+
+
+class Fixed(_Length):
+    dist: Literal["fixed"]
+    value: Count
+
+
+class Uniform(_Length):
+    """`low`..`high`, or vLLM's random dataset: `mean` * [1 - range_ratio, 1 + range_ratio]."""
+
+    dist: Literal["uniform"]
+    low: NonNegative | None = None
+    high: NonNegative | None = None
+    mean: Positive | None = None
+    range_ratio: Annotated[Number, Field(ge=0, lt=1)] = 0.0
+
+    @model_validator(mode="after")
+    def _one_form(self):
+        if self.mean is not None:
+            if self.low is not None or self.high is not None:
+                raise ValueError("give low/high or mean/range_ratio, not both")
+        elif self.low is None or self.high is None:
+            raise ValueError("needs low and high (or mean and range_ratio)")
+        elif self.low > self.high:
+            raise ValueError(f"low ({self.low:g}) is above high ({self.high:g})")
+        return self
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        if self.mean is not None:
+            return self.mean * (1 - self.range_ratio), self.mean * (1 + self.range_ratio)
+        return self.low, self.high
+
+
+class Normal(_Length):
+    dist: Literal["normal"]
+    mean: Number
+    std: NonNegative
+
+
+class LogNormal(_Length):
+    """Parameterised by the mean of the lengths themselves, the way papers report them."""
+
+    dist: Literal["lognormal"]
+    mean: Positive
+    sigma: NonNegative
+
+
+class Exponential(_Length):
+    """Cap it with `max`: the output-length shape of the classic static-vs-continuous comparison."""
+
+    dist: Literal["exponential"]
+    mean: Positive
+
+
+class Quantiles(_Length):
+    """Evenly spaced quantiles q0, q1, ..., q100 (any count >= 2), sampled by inverse CDF."""
+
+    dist: Literal["quantiles"]
+    values: Annotated[list[NonNegative], Field(min_length=2)]
+
+    @model_validator(mode="after")
+    def _sorted(self):
+        if any(b < a for a, b in zip(self.values, self.values[1:])):
+            raise ValueError("values must be non-decreasing quantiles")
+        return self
+
+
+LengthSpec = Annotated[Fixed | Uniform | Normal | LogNormal | Exponential | Quantiles, Field(discriminator="dist")]
+
+
+class _Workload(Strict):
+    name: str
+    num_requests: Count
+    seed: Seed
+    arrival: Literal["trace", *ARRIVALS] = "poisson"
+    rate: Positive | None = None  # requests/s; None: no limit, all at t=0 (as vllm bench)
+    burstiness: Positive = 1.0
+    max_prompt_len: Count | None = None  # clamps: truncate prompts, shorten outputs
+    max_output_len: Count | None = None
+
+    @model_validator(mode="after")
+    def _arrival_needs(self):
+        if self.arrival == "trace" and self.source not in TRACE_SOURCES:
+            raise ValueError(f"arrival=trace needs a source with timestamps; {self.source} has none")
+        return self
+
+
+class SyntheticWorkload(_Workload):
+    source: Literal["synthetic"]
+    prompt: LengthSpec
+    output: LengthSpec
+
+
+class ShareGPTFilter(Strict):
+    """vLLM's sampling: drop pairs outside these limits."""
+
+    min_len: Count = 4
+    max_prompt_len: Count = 1024
+    max_total_len: Count = 2048
+
+
+class ShareGPTWorkload(_Workload):
+    source: Literal["sharegpt"]
+    path: str | None = None  # None: the embedded length profile
+    filter: ShareGPTFilter = ShareGPTFilter()
+
+
+class TraceWorkload(_Workload):
+    source: Literal["azure", "burstgpt", "mooncake"]
+    path: str | None = None
+    sample: Literal["first", "random"] = "first"
+    arrival: Literal["trace", *ARRIVALS] = "trace"
+    time_scale: Positive = 1.0
+    model: str | None = None  # burstgpt: keep one model's rows
+    # azure: TIMESTAMP as numbers needs their unit; date-time strings need none.
+    timestamp_unit: Literal["s", "ms", "us", "ns"] | None = None
+
+    @model_validator(mode="after")
+    def _path_given(self):
+        if not self.path:
+            raise ValueError(f"workload={self.name} needs workload.path=<trace file>")
+        if self.model is not None and self.source != "burstgpt":
+            raise ValueError("model filters BurstGPT rows only")
+        return self
+
+
+TRACE_SOURCES = ("azure", "burstgpt", "mooncake")
+WorkloadConfig = Annotated[SyntheticWorkload | ShareGPTWorkload | TraceWorkload, Field(discriminator="source")]
+_ADAPTER = TypeAdapter(WorkloadConfig)
+
+
+def parse_workload(data) -> SyntheticWorkload | ShareGPTWorkload | TraceWorkload:
+    """A workload config (a mapping, or an OmegaConf node) as its typed model; one `WorkloadError` if it is bad."""
+    data = plain_config(data)
+    try:
+        return _ADAPTER.validate_python(data)
+    except ValidationError as e:
+        raise WorkloadError(one_line(e, data, "workload")) from None
+
+
+def plain_config(data):
+    """Plain Python data from a config: an OmegaConf node resolved, a required value not given ("???") absent."""
+    if hasattr(data, "_metadata"):  # an OmegaConf node
+        from omegaconf import OmegaConf
+
+        data = OmegaConf.to_container(data, resolve=True)
+    if isinstance(data, dict):
+        return {k: plain_config(v) for k, v in data.items() if v != "???"}
+    return data
+
+
+def one_line(error: ValidationError, data, prefix: str = "") -> str:
+    """The first problem of a validation error as one line naming the dotted key: `workload.rate should be
+    greater than 0, got -1`. Union tags pydantic adds to the location (`sharegpt`, `fixed`) are left out."""
+    # An unknown key first (it explains the rest: a stale key of a replaced distribution), then the shallowest.
+    problems = sorted(error.errors(), key=lambda p: (p["type"] != "extra_forbidden", len(p["loc"])))
+    problem = problems[0]
+    key, node, parent = [prefix] if prefix else [], data, None
+    for part in problem["loc"]:
+        if isinstance(node, dict) and part in node:
+            key.append(str(part))
+            node, parent = node[part], node
+        elif isinstance(node, list) and isinstance(part, int):
+            key.append(f"[{part}]")
+            node = node[part] if part < len(node) else None
+        # else: a union tag, not a key the user wrote
+    name = ".".join(key).replace(".[", "[")
+    message, kind = problem["msg"], problem["type"]
+    if kind == "missing":
+        text = f"{'.'.join([*key, str(problem['loc'][-1])])} is required"
+    elif kind == "extra_forbidden":
+        where = ".".join(key[:-1]) or "the config"
+        text = f"{name} is not a key of {where}"
+        if isinstance(parent, dict) and "dist" in parent:
+            text += f" (to change a distribution, replace it whole: {'.'.join(key[:-1])}={{dist: fixed, value: 100}})"
+    elif kind in ("value_error", "assertion_error"):
+        text = message.removeprefix("Value error, ")
+        text = f"{name}: {text}" if name else text
+    else:
+        got = problem.get("input")
+        text = f"{name} {message.replace('Input should', 'should')}"
+        if not isinstance(got, dict | list) and not (isinstance(got, float) and math.isnan(got) and "nan" in text):
+            text += f", got {got!r}"
+    more = len(error.errors()) - 1
+    return text + (f" (and {more} more problem{'s' * (more > 1)})" if more else "")
