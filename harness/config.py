@@ -23,6 +23,8 @@ CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 KERNEL_BACKENDS = ("auto", "triton", "torch")  # kernels.BACKENDS; a test holds the two equal
 ROUTER_NAMES = ("round_robin", "least_outstanding")  # harness.sim.router.ROUTERS; likewise
 Fraction = Annotated[Number, Field(gt=0, le=1)]
+# The engine's caps (max_num_seqs, max_batch_tokens) for `auto` on a CPU: they suit the tiny model; a GPU gets vLLM's.
+CPU_ENGINE_CAPS = (16, 512)
 VALUE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--cfg", "-c", "--package",
                "-p", "--info", "-i", "--experimental-rerun"}  # Hydra's flags that take the next argument
 
@@ -31,20 +33,24 @@ class ConfigError(ValueError):
     pass
 
 
+# `auto`: the engine caps that fit the hardware (see `harness.job.engine_caps`), resolved when the run starts.
+Cap = Count | Literal["auto"]
+
+
 class StaticConfig(Strict):
     name: Literal["static"]
-    batch_size: Count
+    batch_size: Cap
 
 
 class DynamicConfig(Strict):
     name: Literal["dynamic"]
-    batch_size: Count
+    batch_size: Cap
 
 
 class ContinuousConfig(Strict):
     name: Literal["continuous"]
-    max_batch_tokens: Count
-    max_num_seqs: Count
+    max_batch_tokens: Cap
+    max_num_seqs: Cap
     max_prefill_chunk: Count | None = None
     order: Literal[ORDERS] = "decode_first"
 
@@ -66,11 +72,17 @@ class RealRunnerConfig(Strict):
 
 class SimRunnerConfig(Strict):
     name: Literal["sim"]
-    hardware: str | None = None  # roofline
+    hardware: str | dict | None = None  # roofline: a catalogue name, a YAML file, or the figures inline
     profile: str | None = None  # calibrated
-    compute_efficiency: Fraction = 0.5
-    memory_efficiency: Fraction = 0.7
-    step_overhead_s: Annotated[Number, Field(ge=0, le=10)] = 0.002
+    compute_efficiency: Fraction | Literal["auto"]  # auto: the hardware file's figure for its GPU class
+    memory_efficiency: Fraction
+    step_overhead_s: Annotated[Number, Field(ge=0, le=10)]
+    seq_overhead_s: Annotated[Number, Field(ge=0, le=1)]
+    # Time from a client's send to the engine's queue (HTTP, tokenization): part of every TTFT vllm bench sees.
+    frontend_latency_s: Annotated[Number, Field(ge=0, le=60)]
+    # The front end's serial work per request (one event loop parses, tokenizes and hands requests on one by one):
+    # the least time between two requests reaching the engine.
+    frontend_service_s: Annotated[Number, Field(ge=0, le=10)]
     replicas: Count = 1
     router: Literal[ROUTER_NAMES] = "round_robin"
 
@@ -81,11 +93,10 @@ class SimRunnerConfig(Strict):
         if not self.hardware and not self.profile:
             raise ValueError("runner=sim needs runner.hardware=<name> (roofline) or runner.profile=<csv from "
                              "python -m harness.sim.step_profile> (calibrated)")
-        if self.hardware:
-            from harness.sim.costmodel.hardware import HARDWARE
+        if self.hardware and self.hardware != "cpu":
+            from harness.sim.costmodel.hardware import get_hardware
 
-            if self.hardware not in (*HARDWARE, "cpu"):
-                raise ValueError(f"unknown hardware {self.hardware!r}; choose one of {', '.join([*HARDWARE, 'cpu'])}")
+            get_hardware(self.hardware)  # an unknown name, a missing file or a missing figure: its ValueError
         if self.profile and not Path(self.profile).is_file():
             raise ValueError(f"profile {self.profile!r} does not exist; make one with python -m "
                              "harness.sim.step_profile")
@@ -153,7 +164,7 @@ class RunConfig(Strict):
     workload: WorkloadConfig
     model: ModelConfig
     runner: RunnerConfig
-    concurrency: Count
+    concurrency: Cap
     seed: Seed
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", *DTYPE_BYTES] = "auto"
@@ -172,11 +183,6 @@ class RunConfig(Strict):
         if self.runner.name == "real" and self.model.source == "config":
             raise ValueError(f"model={self.model.name} is only described by its config, with no weights: use "
                              "runner=sim, or model=hf model.name=<hub id or path> to run a real model")
-        strategy = self.strategy
-        most = strategy.max_num_seqs if strategy.name == "continuous" else strategy.batch_size
-        if self.kv_cache.num_blocks != "auto" and self.kv_cache.num_blocks < most:
-            raise ValueError(f"kv_cache.num_blocks={self.kv_cache.num_blocks} cannot hold one block for each of "
-                             f"the {most} requests {strategy.name} may run at once")
         return self
 
 
@@ -188,8 +194,10 @@ def validate(cfg: DictConfig) -> RunConfig:
         config = RunConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(one_line(e, data)) from None
-    if config.runner.name == "real":
-        _check_device(config)
+    on_cpu = _check_device(config) if config.runner.name == "real" else bool(
+        config.runner.profile or config.runner.hardware == "cpu")
+    # `auto` caps are the CPU's or else the GPU's, known once the job sees it
+    _check_cache_holds(config, CPU_ENGINE_CAPS[0] if on_cpu else None)
     try:
         model = read_model_config(config.model)
     except (OSError, ValueError) as e:
@@ -198,10 +206,24 @@ def validate(cfg: DictConfig) -> RunConfig:
     if context and config.kv_cache.block_size > context:
         raise ConfigError(f"kv_cache.block_size={config.kv_cache.block_size} is larger than the model's whole "
                           f"context ({context} tokens)")
+    longest = getattr(config.workload, "longest_request", 0)  # the random dataset knows its lengths up front
+    if context and longest > context:
+        raise ConfigError(f"workload: random requests of up to {longest} tokens (prefix + input + output) exceed "
+                          f"{config.model.name}'s context of {context}")
     return config
 
 
-def _check_device(config: RunConfig) -> None:
+def _check_cache_holds(config: RunConfig, auto_concurrency: int | None) -> None:
+    strategy = config.strategy
+    most = strategy.max_num_seqs if strategy.name == "continuous" else strategy.batch_size
+    most = auto_concurrency if most == "auto" else most
+    if config.kv_cache.num_blocks != "auto" and most is not None and config.kv_cache.num_blocks < most:
+        raise ConfigError(f"kv_cache.num_blocks={config.kv_cache.num_blocks} cannot hold one block for each of the "
+                          f"{most} requests {strategy.name} may run at once")
+
+
+def _check_device(config: RunConfig) -> bool:
+    """Whether the run will be on the CPU; raises ConfigError for a device or kernel backend it cannot have."""
     import torch  # a real run needs it anyway; a simulated one never gets here
 
     cuda = torch.cuda.is_available()
@@ -211,11 +233,13 @@ def _check_device(config: RunConfig) -> None:
     if config.kernel_backend == "triton" and on_cpu and os.environ.get("TRITON_INTERPRET") != "1":
         raise ConfigError("kernel_backend=triton needs a CUDA device (or TRITON_INTERPRET=1 to interpret the "
                           "kernels on the CPU, slowly); use kernel_backend=auto")
+    return on_cpu
 
 
 def expand_dict_overrides(overrides: list[str]) -> list[str]:
     """`key={...}` replaces the whole node, as a user means it: Hydra would merge the dict into the node, keeping
-    keys of the old value (and refuse new ones). Becomes `~key` then `+key={...}`; sweeps are left alone."""
+    keys of the old value (and refuse new ones). Becomes `key=null` then `++key={...}` (which replaces a null
+    node, a dict or not); sweeps are left alone."""
     parser, expanded, takes_value = OverridesParser.create(), [], False
     for text in overrides:
         flag, takes_value = takes_value or text.startswith("-"), text in VALUE_FLAGS
@@ -229,12 +253,36 @@ def expand_dict_overrides(overrides: list[str]) -> list[str]:
             continue
         replaces_dict = (override.type.name == "CHANGE" and override.value_type == ValueType.ELEMENT
                          and isinstance(override.value(), dict) and override.package is None)
-        expanded += [f"~{override.key_or_group}", f"+{text}"] if replaces_dict else [text]
+        expanded += [f"{override.key_or_group}=null", f"++{text}"] if replaces_dict else [text]
     return expanded
+
+
+def check_group_choices(overrides: list[str]) -> None:
+    """`model=llama-9b` names no file in `conf/model/`: one ConfigError listing the choices, before Hydra (whose
+    own message spans several lines) composes anything. Sweeps (`strategy=static,dynamic`) are checked per value."""
+    parser, takes_value = OverridesParser.create(), False
+    for text in overrides:
+        flag, takes_value = takes_value or text.startswith("-"), text in VALUE_FLAGS
+        if flag:
+            continue
+        try:
+            override = parser.parse_override(text)
+        except Exception:  # malformed: Hydra says so itself
+            continue
+        group = CONF_DIR / override.key_or_group
+        if override.package is not None or not group.is_dir() or override.is_delete():
+            continue
+        choices = sorted(p.stem for p in group.glob("*.yaml"))
+        values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+        for value in values:
+            if isinstance(value, str) and value not in choices:
+                raise ConfigError(f"{override.key_or_group}={value} is not one of conf/{override.key_or_group}/: "
+                                  f"{', '.join(choices)}")
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
     """The same config `python -m harness` would build from these overrides, for the other entry points."""
+    check_group_choices(overrides)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=expand_dict_overrides(overrides))
 

@@ -14,7 +14,7 @@ from harness.analysis import metrics
 from harness.analysis.plots import plot_run
 from harness.analysis.report import run_report, terminal_table
 from harness.analysis.results import RunInterrupted, write_csv, write_json, write_text
-from harness.config import ConfigError, RunConfig, validate
+from harness.config import CPU_ENGINE_CAPS, ConfigError, RunConfig, validate
 from harness.core.engine import Engine
 from harness.core.records import RunRecords
 from harness.core.replay import replay
@@ -34,7 +34,10 @@ def run_job(raw: DictConfig, run_dir: Path) -> dict:
     build = _real_replicas if cfg.runner.name == "real" else _simulated_replicas
     replicas, route, workload, device, dtype = build(cfg)
     try:
-        replay(replicas, workload.requests, route, progress=cfg.progress, desc=cfg.strategy.name)
+        replay(replicas, workload.requests, route, progress=cfg.progress, desc=cfg.strategy.name,
+               max_concurrency=cfg.workload.max_concurrency,
+               frontend_latency_s=getattr(cfg.runner, "frontend_latency_s", 0.0),
+               frontend_service_s=getattr(cfg.runner, "frontend_service_s", 0.0))
     except RunInterrupted as stop:
         interrupted = stop  # write what was measured, marked partial, then let the entry point say so
     else:
@@ -46,7 +49,8 @@ def run_job(raw: DictConfig, run_dir: Path) -> dict:
     labels = {"strategy": cfg.strategy.name, "workload": workload.name, "runner": cfg.runner.name,
               "model": cfg.model.name, "workload_source": workload.info.get("source", ""),
               "arrival": cfg.workload.arrival, "rate": cfg.workload.rate,
-              "concurrency": replicas[0].strategy.max_concurrency, "num_blocks": replicas[0].allocator.num_blocks,
+              "concurrency": replicas[0].strategy.max_concurrency, "max_concurrency": cfg.workload.max_concurrency,
+              "engine_caps": replicas[0].caps_source, "num_blocks": replicas[0].allocator.num_blocks,
               "block_size": cfg.kv_cache.block_size, "replicas": len(replicas),
               "cost_model": type(replicas[0].runner.cost_model).__name__ if cfg.runner.name == "sim" else None}
     tables = [_tables(engine) for engine in replicas]
@@ -92,6 +96,15 @@ def _real_replicas(cfg: RunConfig):
         blocks = int(free * cfg.kv_cache.memory_fraction // (cfg.kv_cache.block_size * arch.kv_bytes_per_token))
     else:
         blocks = CPU_NUM_BLOCKS
+    if device.type == "cuda":
+        import torch
+
+        from harness.sim.costmodel.hardware import serving_defaults
+
+        name = torch.cuda.get_device_name(device)
+        caps = serving_defaults(name, torch.cuda.get_device_properties(device).total_memory), f"vLLM's on {name}"
+    else:
+        caps = CPU_ENGINE_CAPS, "the CPU defaults"
 
     def make_runner(allocator):
         runner = RealRunner(model, allocator, kernel_backend=cfg.kernel_backend)
@@ -99,7 +112,7 @@ def _real_replicas(cfg: RunConfig):
         return runner
 
     eos = eos_token_ids(model) if cfg.stop_at_eos else ()
-    engine = _replica(cfg, make_runner, blocks, model.config.max_position_embeddings, eos, Engine)
+    engine = _replica(cfg, make_runner, blocks, model.config.max_position_embeddings, eos, Engine, caps)
     return [engine], None, workload, str(device), str(dtype)
 
 
@@ -123,8 +136,13 @@ def _simulated_replicas(cfg: RunConfig):
         blocks = cfg.kv_cache.num_blocks
     else:
         blocks = auto_num_blocks(costs, cfg.kv_cache.block_size, cfg.kv_cache.memory_fraction)
+    hardware = getattr(costs, "hardware", None)
+    if hardware is not None and hardware.kind == "gpu":
+        caps = hardware.serving_defaults, f"vLLM's on {hardware.name}"
+    else:
+        caps = CPU_ENGINE_CAPS, "the CPU defaults"
     replicas = [_replica(cfg, lambda allocator: SimRunner(costs), blocks, config["max_position_embeddings"], (),
-                         SimEngine) for _ in range(cfg.runner.replicas)]
+                         SimEngine, caps) for _ in range(cfg.runner.replicas)]
     route = ROUTERS[cfg.runner.router]() if len(replicas) > 1 else None
     return replicas, route, workload, "cpu", dtype
 
@@ -141,14 +159,23 @@ def auto_num_blocks(costs, block_size: int, memory_fraction: float) -> int:
         raise ConfigError(str(e)) from None
 
 
-def _replica(cfg: RunConfig, make_runner, num_blocks: int, max_model_len: int, eos, engine_class) -> Engine:
+def _replica(cfg: RunConfig, make_runner, num_blocks: int, max_model_len: int, eos, engine_class,
+             caps: tuple[tuple[int, int], str]) -> Engine:
+    """A replica with the strategy's options, `auto` caps replaced by `caps` ((sequences, tokens), whose)."""
+    (num_seqs, num_tokens), whose = caps
     options = cfg.strategy.model_dump(exclude={"name"})
+    auto = sorted(key for key, value in options.items() if value == "auto")
+    options |= {key: num_tokens if key == "max_batch_tokens" else num_seqs for key in auto}
     try:
-        return build_replica(cfg.strategy.name, options, make_runner, num_blocks=num_blocks,
-                             block_size=cfg.kv_cache.block_size, max_model_len=max_model_len, eos_token_ids=eos,
-                             engine_class=engine_class)
+        engine = build_replica(cfg.strategy.name, options, make_runner, num_blocks=num_blocks,
+                               block_size=cfg.kv_cache.block_size, max_model_len=max_model_len, eos_token_ids=eos,
+                               engine_class=engine_class)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    engine.caps_source = f"{', '.join(auto)} from {whose}" if auto else "as configured"
+    if auto:
+        log.info("engine caps: %s = %s (%s)", ", ".join(auto), ", ".join(str(options[k]) for k in auto), whose)
+    return engine
 
 
 def _workload(cfg: RunConfig, vocab_size: int, tokenizer, max_model_len: int):

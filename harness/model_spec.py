@@ -34,6 +34,7 @@ class Architecture:
     head_dim: int
     vocab_size: int
     bytes_per_param: int
+    tie_word_embeddings: bool = False  # one table serves as input embedding and LM head
 
     @classmethod
     def from_config(cls, config, bytes_per_param: int) -> "Architecture":
@@ -46,6 +47,7 @@ class Architecture:
             # Most configs name head_dim only when it differs from hidden_size / heads.
             head_dim=config_value(config, "head_dim", hidden // num_heads),
             vocab_size=config_value(config, "vocab_size"), bytes_per_param=bytes_per_param,
+            tie_word_embeddings=bool(config_value(config, "tie_word_embeddings", False)),
         )
 
     @property
@@ -55,9 +57,20 @@ class Architecture:
         return attention + 3 * self.hidden_size * self.intermediate_size  # gated MLP: gate, up, down
 
     @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
     def weight_bytes(self) -> int:
-        embeddings = 2 * self.vocab_size * self.hidden_size  # input embedding and LM head
+        """The weights' memory: the layers, the input embedding and (unless tied) the LM head."""
+        embeddings = (1 if self.tie_word_embeddings else 2) * self.embedding_params
         return (self.num_layers * self.layer_params + embeddings) * self.bytes_per_param
+
+    @property
+    def weight_bytes_read_per_step(self) -> int:
+        """What a forward pass streams from memory: every layer and the LM head. The input embedding is looked up,
+        a few rows per token, never read whole."""
+        return (self.num_layers * self.layer_params + self.embedding_params) * self.bytes_per_param
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -120,3 +133,14 @@ def load_tokenizer(model_cfg):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_cfg.name, trust_remote_code=bool(model_cfg.trust_remote_code))
+
+
+def described_model(name: str) -> dict:
+    """A model of the catalogue (`conf/model/<name>.yaml`) as its config mapping."""
+    from omegaconf import OmegaConf
+
+    path = Path(__file__).resolve().parents[1] / "conf" / "model" / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"unknown model {name!r}; the catalogue (conf/model/) has "
+                         f"{', '.join(sorted(p.stem for p in path.parent.glob('*.yaml')))}")
+    return OmegaConf.to_container(OmegaConf.load(path).config, resolve=True)

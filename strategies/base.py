@@ -38,10 +38,11 @@ class Request:
     """One request inside an engine. Written by the engine alone (see the module docstring)."""
 
     request_id: int
-    arrival_s: float
+    arrival_s: float  # when the workload wanted it sent
     token_ids: list[int]  # prompt, then every generated token
     num_prompt_tokens: int
     max_new_tokens: int
+    sent_s: float | None = None  # when the client sent it: arrival_s, or later if a closed-loop client held it
     status: RequestStatus = RequestStatus.WAITING
     # Tokens whose K/V sit in the cache. The last token in `token_ids` is never computed until scheduled.
     num_computed_tokens: int = 0
@@ -51,13 +52,18 @@ class Request:
     token_times_s: list[float] = field(default_factory=list)  # when each output token was produced
     finish_s: float | None = None
 
+    def __post_init__(self) -> None:
+        if self.sent_s is None:
+            self.sent_s = self.arrival_s
+
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
+        # A request rejected before its prompt ids were built (longer than the context) has none: 0, not negative.
+        return max(len(self.token_ids) - self.num_prompt_tokens, 0)
 
     @property
     def output_ids(self) -> list[int]:

@@ -58,6 +58,9 @@ class StepCost:
     def predict(self, shape) -> float:
         return self.fixed_s + self.per_token_s * shape.num_tokens + self.per_pair_s * shape.attention_pairs
 
+    def overhead(self, shape) -> float:
+        return self.step_overhead_s
+
 
 class ScriptedRunner:
     """Stands in for a runner: samples the `inner` runner's tokens (or always `token`), takes each step's time
@@ -81,8 +84,8 @@ class ScriptedRunner:
                                 duration_s=0.0)
         for request_id, row in result.logits.items():
             self.logits.setdefault(request_id, []).append(row)
-        result.duration_s = self.cost.predict(step_shape(plan))
-        result.overhead_s = self.cost.step_overhead_s
+        shape = step_shape(plan)
+        result.duration_s, result.overhead_s = self.cost.predict(shape), self.cost.overhead(shape)
         return result
 
 

@@ -15,7 +15,7 @@ from harness.model_spec import Architecture
 from harness.real.runner import RealRunner
 from harness.sim.costmodel import CalibratedCostModel, RooflineCostModel, StepShape
 from harness.sim.costmodel.calibrated import GridInterpolator
-from harness.sim.costmodel.hardware import HARDWARE, Hardware
+from harness.sim.costmodel.hardware import Hardware, get_hardware
 from harness.sim.engine import SimEngine
 from harness.sim.router import ROUTERS
 from harness.sim.runner import SimRunner
@@ -83,17 +83,17 @@ def test_a_profile_without_both_layouts_is_refused(tmp_path):
 
 
 def test_roofline_decode_is_memory_bound_and_a_big_prefill_compute_bound():
-    model = RooflineCostModel(LLAMA_7B, HARDWARE["h100"], compute_efficiency=1.0, memory_efficiency=1.0)
+    model = RooflineCostModel(LLAMA_7B, get_hardware("h100"), compute_efficiency=1.0, memory_efficiency=1.0)
     decode = StepShape(False, 1, 1, 100, 100, 1)
-    assert model.predict(decode) == pytest.approx(model.bytes(decode) / HARDWARE["h100"].memory_bandwidth)
+    assert model.predict(decode) == pytest.approx(model.bytes(decode) / get_hardware("h100").memory_bandwidth)
     prefill = StepShape(False, 8192, 1, 8192 * 4096, 8192, 1)
-    assert model.predict(prefill) == pytest.approx(model.flops(prefill) / HARDWARE["h100"].peak_flops)
+    assert model.predict(prefill) == pytest.approx(model.flops(prefill) / get_hardware("h100").peak_flops)
     assert 6.7e9 < LLAMA_7B.weight_bytes / 2 < 6.8e9  # Llama-2-7B has 6.74B parameters
     assert LLAMA_7B.kv_bytes_per_token == 2 * 32 * 32 * 128 * 2  # 512 KiB per token in bf16
     expected = int((0.9 * 80e9 - LLAMA_7B.weight_bytes) // (16 * LLAMA_7B.kv_bytes_per_token))
     assert model.num_kv_blocks(16, 0.9) == expected
     with pytest.raises(ValueError, match="do not fit"):
-        RooflineCostModel(LLAMA_7B, HARDWARE["l4"]).num_kv_blocks(16, 0.5)
+        RooflineCostModel(LLAMA_7B, get_hardware("l4")).num_kv_blocks(16, 0.5)
 
 
 @pytest.mark.parametrize("strategy,options", [("static", dict(batch_size=3)), ("dynamic", dict(batch_size=3)),
@@ -150,7 +150,7 @@ def test_a_roofline_simulation_of_llama_2_7b_on_an_h100(tmp_path):
     summary = run_job(sim_config("model=llama-2-7b", "runner.hardware=h100", "workload.num_requests=40",
                                  "workload.rate=8", "concurrency=64"), tmp_path)
     assert summary["num_finished"] == 40 and summary["cost_model"] == "RooflineCostModel"
-    assert summary["num_blocks"] == RooflineCostModel(LLAMA_7B, HARDWARE["h100"]).num_kv_blocks(16, 0.9)
+    assert summary["num_blocks"] == RooflineCostModel(LLAMA_7B, get_hardware("h100")).num_kv_blocks(16, 0.9)
     assert 0.005 < summary["tpot_s_p50"] < 0.05  # a 7B model decodes in milliseconds per token on an H100
     assert (tmp_path / "plots" / "steps.png").exists()
 

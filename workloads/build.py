@@ -2,13 +2,14 @@
 hashes); sampling, clamps, prompt ids and arrivals are then applied the same way, from one seeded generator."""
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from workloads.arrivals import arrival_times
-from workloads.config import ShareGPTWorkload, SyntheticWorkload, TraceWorkload, parse_workload
+from workloads.config import RandomWorkload, ShareGPTWorkload, SyntheticWorkload, TraceWorkload, parse_workload
 from workloads.lengths import sample_lengths
 from workloads.sharegpt import load_sharegpt_pairs
 from workloads.spec import RequestSpec, Workload, WorkloadError, fits_context
@@ -34,7 +35,7 @@ def build_workload(cfg, vocab_size: int, hf_tokenizer=None, max_model_len: int |
     """Build the workload a config describes (a parsed config, or a mapping that is parsed first), for a model
     with `vocab_size` ids, its tokenizer if any, and its context `max_model_len`: a request longer than the
     context keeps its lengths for the record but gets no prompt ids (the engine rejects it with the reason)."""
-    if not isinstance(cfg, SyntheticWorkload | ShareGPTWorkload | TraceWorkload):
+    if not isinstance(cfg, SyntheticWorkload | RandomWorkload | ShareGPTWorkload | TraceWorkload):
         cfg = parse_workload(cfg)
     n = cfg.num_requests
     rng = np.random.default_rng(cfg.seed)
@@ -90,6 +91,8 @@ def _read_source(cfg, n: int, rng: np.random.Generator, vocab_size: int, hf_toke
         return SourceRows(np.array([len(ids) for ids, _ in pairs]), np.array([m for _, m in pairs]),
                           prompt_ids=[ids for ids, _ in pairs],
                           info={"source": f"ShareGPT file {cfg.path}", "tokenizer": tokenizer_name, **info})
+    if isinstance(cfg, RandomWorkload):
+        return _random_rows(cfg, n, rng, vocab_size)
     if isinstance(cfg, SyntheticWorkload):
         prompt_spec, output_spec, info = cfg.prompt, cfg.output, {"source": "synthetic"}
         max_total = None
@@ -106,6 +109,22 @@ def _read_source(cfg, n: int, rng: np.random.Generator, vocab_size: int, hf_toke
     if max_total:
         output_lens = np.minimum(output_lens, max_total - prompt_lens)
     return SourceRows(prompt_lens, output_lens, info=info)
+
+
+def _random_rows(cfg: RandomWorkload, n: int, rng: np.random.Generator, vocab_size: int) -> SourceRows:
+    """vLLM's random dataset: uniform integer lengths around the means, after a prefix every request shares."""
+
+    def uniform(mean: int, floor: int) -> np.ndarray:
+        low = max(math.floor(mean * (1 - cfg.range_ratio)), floor)
+        high = max(math.ceil(mean * (1 + cfg.range_ratio)), floor)
+        return rng.integers(low, high + 1, size=n)
+
+    input_lens, output_lens = uniform(cfg.input_len, 0), uniform(cfg.output_len, 1)
+    prefix = rng.integers(0, vocab_size, size=cfg.prefix_len).tolist()
+    prompts = [prefix + rng.integers(0, vocab_size, size=int(k)).tolist() for k in input_lens]
+    info = {"source": f"random (as vllm bench --dataset-name random: input {cfg.input_len}, output "
+                      f"{cfg.output_len}, range ratio {cfg.range_ratio:g}, prefix {cfg.prefix_len})"}
+    return SourceRows(input_lens + cfg.prefix_len, output_lens, prompt_ids=prompts, info=info)
 
 
 def parse_length(spec: dict):

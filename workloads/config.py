@@ -121,6 +121,8 @@ class _Workload(Strict):
     burstiness: Positive = 1.0
     max_prompt_len: Count | None = None  # clamps: truncate prompts, shorten outputs
     max_output_len: Count | None = None
+    # The client (as vllm bench --max-concurrency): at most this many of its requests outstanding; None: open loop.
+    max_concurrency: Count | None = None
 
     @model_validator(mode="after")
     def _arrival_needs(self):
@@ -133,6 +135,24 @@ class SyntheticWorkload(_Workload):
     source: Literal["synthetic"]
     prompt: LengthSpec
     output: LengthSpec
+
+
+class RandomWorkload(_Workload):
+    """vLLM's `random` dataset (`vllm bench serve --dataset-name random`): input and output lengths uniform on the
+    integers [floor(L * (1 - range_ratio)), ceil(L * (1 + range_ratio))] (outputs at least 1), after a random
+    prefix of `prefix_len` tokens that every request shares."""
+
+    source: Literal["random"]
+    input_len: Count = 1024
+    output_len: Count = 128
+    range_ratio: Annotated[Number, Field(ge=0, lt=1)] = 0.0
+    prefix_len: Annotated[int, Field(strict=True, ge=0)] = 0
+
+    @property
+    def longest_request(self) -> int:
+        """The most tokens one request can hold: prefix, the longest input and the longest output."""
+        return (self.prefix_len + math.ceil(self.input_len * (1 + self.range_ratio))
+                + math.ceil(self.output_len * (1 + self.range_ratio)))
 
 
 class ShareGPTFilter(Strict):
@@ -169,11 +189,12 @@ class TraceWorkload(_Workload):
 
 
 TRACE_SOURCES = ("azure", "burstgpt", "mooncake")
-WorkloadConfig = Annotated[SyntheticWorkload | ShareGPTWorkload | TraceWorkload, Field(discriminator="source")]
+WorkloadConfig = Annotated[SyntheticWorkload | RandomWorkload | ShareGPTWorkload | TraceWorkload,
+                           Field(discriminator="source")]
 _ADAPTER = TypeAdapter(WorkloadConfig)
 
 
-def parse_workload(data) -> SyntheticWorkload | ShareGPTWorkload | TraceWorkload:
+def parse_workload(data) -> SyntheticWorkload | RandomWorkload | ShareGPTWorkload | TraceWorkload:
     """A workload config (a mapping, or an OmegaConf node) as its typed model; one `WorkloadError` if it is bad."""
     data = plain_config(data)
     try:

@@ -24,6 +24,7 @@ def requests_table(records: RunRecords) -> pd.DataFrame:
             "status": r.status.label,
             "reject_reason": r.reject_reason or "",
             "arrival_s": r.arrival_s,
+            "sent_s": r.sent_s,
             "prompt_len": r.num_prompt_tokens,
             "max_new_tokens": r.max_new_tokens,
             "num_output_tokens": r.num_output_tokens,
@@ -31,11 +32,13 @@ def requests_table(records: RunRecords) -> pd.DataFrame:
             "first_scheduled_s": r.first_scheduled_s if r.first_scheduled_s is not None else math.nan,
             "first_token_s": first,
             "finish_s": finish,
-            "queue_s": (r.first_scheduled_s - r.arrival_s) if r.first_scheduled_s is not None else math.nan,
-            "ttft_s": first - r.arrival_s,
+            # Latencies count from the send, as vllm bench does; a closed-loop client's hold is client_wait_s.
+            "client_wait_s": r.sent_s - r.arrival_s,
+            "queue_s": (r.first_scheduled_s - r.sent_s) if r.first_scheduled_s is not None else math.nan,
+            "ttft_s": first - r.sent_s,
             # TPOT excludes the first token; undefined for a single output token.
             "tpot_s": (finish - first) / (len(times) - 1) if len(times) > 1 else math.nan,
-            "e2e_s": finish - r.arrival_s,
+            "e2e_s": finish - r.sent_s,
         })
     return pd.DataFrame(rows)
 
@@ -112,6 +115,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: np.ndarray, labe
         **distribution("itl_s", itl),
         **distribution("e2e_s", finished.e2e_s),
         **distribution("queue_s", finished.queue_s),
+        **distribution("client_wait_s", finished.client_wait_s),
         "slo_ttft_s": slo_ttft_s,
         "slo_tpot_s": slo_tpot_s,
         "goodput_rps": per_second(int(meets_slo(finished, slo_ttft_s, slo_tpot_s).sum())),

@@ -9,7 +9,7 @@ import pandas as pd
 from harness.analysis.results import write_png
 from strategies import RequestStatus
 
-COLORS = {"prefill": "tab:blue", "decode": "tab:green", "padding": "tab:red", "queued": "0.8"}
+COLORS = {"prefill": "tab:blue", "decode": "tab:green", "padding": "tab:red", "queued": "0.8", "held": "0.93"}
 GANTT_MAX_REQUESTS = 64
 
 
@@ -69,12 +69,13 @@ def latency_cdfs(requests: pd.DataFrame, title: str, path: Path) -> None:
 
 
 def request_gantt(requests: pd.DataFrame, title: str, path: Path) -> None:
-    """Queued, prefill (until the first token) and decode spans of the first requests, one row each."""
+    """Held by the client, queued, prefill (until the first token) and decode spans of the first requests."""
     finished = requests[requests.status == RequestStatus.FINISHED.label]
     sample = finished.sort_values("request_id").head(GANTT_MAX_REQUESTS)
     fig, ax = plt.subplots(figsize=(10, 1.2 + 0.11 * max(len(sample), 8)))
     rows = np.arange(len(sample))
-    spans = [("queued", sample.arrival_s, sample.first_scheduled_s),
+    spans = [("held", sample.arrival_s, sample.sent_s),
+             ("queued", sample.sent_s, sample.first_scheduled_s),
              ("prefill", sample.first_scheduled_s, sample.first_token_s),
              ("decode", sample.first_token_s, sample.finish_s)]
     for name, start, end in spans:

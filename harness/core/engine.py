@@ -38,6 +38,8 @@ class Engine:
         self.records = RunRecords()
         self.num_output_tokens = 0
         self.num_done = 0  # requests finished or rejected
+        self.caps_source = ""  # where `auto` engine caps came from, for the report
+        self.on_done = None  # called with the time a request finishes or is rejected (the client frees a slot)
 
     @property
     def has_work(self) -> bool:
@@ -47,10 +49,11 @@ class Engine:
     def num_outstanding(self) -> int:
         return len(self.waiting) + len(self.running)
 
-    def add_request(self, spec: RequestSpec) -> Request:
-        """A request arrives: it is queued, or rejected at once with its reason if it can never be served."""
+    def add_request(self, spec: RequestSpec, sent_s: float | None = None) -> Request:
+        """A request reaches the engine, sent by the client at `sent_s` (default: when the workload wanted it). It
+        is queued, or rejected at once with its reason if it can never be served."""
         request = Request(request_id=spec.request_id, arrival_s=spec.arrival_s, token_ids=list(spec.prompt_ids),
-                          num_prompt_tokens=spec.prompt_len, max_new_tokens=spec.max_new_tokens)
+                          num_prompt_tokens=spec.prompt_len, max_new_tokens=spec.max_new_tokens, sent_s=sent_s)
         needed_blocks = self.allocator.num_blocks_for(request.max_num_tokens)
         if not fits_context(spec.prompt_len, spec.max_new_tokens, self.max_model_len):
             request.reject_reason = (f"prompt ({spec.prompt_len}) + max_new_tokens ({spec.max_new_tokens}) exceeds "
@@ -60,7 +63,7 @@ class Engine:
                                      f"({self.allocator.num_blocks})")
         if request.reject_reason:
             request.status = RequestStatus.REJECTED
-            self.num_done += 1
+            self._done(request.sent_s)
         else:
             self.waiting.append(request)
         self.records.requests.append(request)
@@ -101,9 +104,14 @@ class Engine:
             request.token_times_s.append(self.clock)
             if request.status == RequestStatus.FINISHED:
                 request.finish_s = self.clock
-                self.num_done += 1
+                self._done(self.clock)
         self.num_output_tokens += len(sampled)
         return plan
+
+    def _done(self, time_s: float) -> None:
+        self.num_done += 1
+        if self.on_done is not None:
+            self.on_done(time_s)
 
     def _apply_queue_changes(self, plan: BatchPlan) -> None:
         for request in plan.admitted:
@@ -144,9 +152,9 @@ class Engine:
             request.token_times_s.extend(times)
         self.num_output_tokens += len(times) * len(self.running)
 
-    def run(self, specs: list[RequestSpec], progress: bool = False) -> RunRecords:
+    def run(self, specs: list[RequestSpec], progress: bool = False, max_concurrency: int | None = None) -> RunRecords:
         """Replay `specs` on this engine alone."""
         from harness.core.replay import replay  # the loop drives engines; only this convenience goes back
 
-        replay([self], specs, progress=progress, desc=self.strategy.name)
+        replay([self], specs, progress=progress, desc=self.strategy.name, max_concurrency=max_concurrency)
         return self.records

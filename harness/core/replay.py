@@ -1,5 +1,6 @@
-"""The replay loop: one arrival stream, one or several replicas, advanced in time order."""
+"""The replay loop: a benchmark client, one arrival stream, one or several replicas, advanced in time order."""
 
+import heapq
 import math
 from collections import deque
 
@@ -8,49 +9,102 @@ from tqdm import tqdm
 from workloads import RequestSpec
 
 
-class Arrivals:
-    """The requests still to come, as a replica sees them while it steps. A lone replica receives every arrival,
-    so it may take them in itself; with several, the replay loop routes each one first."""
+class Client:
+    """The benchmark client, as `vllm bench serve` is one. Open loop: each request is sent when the workload wants
+    it. Closed loop (`max_concurrency` C, `--max-concurrency`): a request is sent only while fewer than C of the
+    client's requests are outstanding, waiting for a free slot in arrival order; with a rate too, as vLLM
+    combines them. A request stops being outstanding when it finishes or is rejected (`complete`). A sent request
+    reaches the engine `latency_s` later (the server's front end: HTTP, tokenization), and no sooner than
+    `service_s` after the request before it: the front end handles requests one at a time. That spacing is why
+    requests sent together do not stay in lockstep on a real server: the first one starts a step alone."""
 
-    def __init__(self, pending: deque[RequestSpec], lone: bool):
-        self._pending = pending
+    def __init__(self, specs: list[RequestSpec], max_concurrency: int | None = None, latency_s: float = 0.0,
+                 service_s: float = 0.0):
+        self._pending = deque(sorted(specs, key=lambda s: s.arrival_s))
+        self.latency_s, self.service_s = latency_s, service_s
+        self._last_delivery_s = -math.inf
+        # Times at which the free slots became free (a min-heap); None: open loop, no slots.
+        self._free = [0.0] * max_concurrency if max_concurrency else None
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self._pending)
+
+    @property
+    def next_send_s(self) -> float:
+        """When the next request goes out; infinite while none can (no request left, or every slot taken)."""
+        if not self._pending:
+            return math.inf
+        if self._free is None:
+            return self._pending[0].arrival_s
+        return max(self._pending[0].arrival_s, self._free[0]) if self._free else math.inf
+
+    @property
+    def next_delivery_s(self) -> float:
+        """When the next request reaches an engine."""
+        return max(self.next_send_s + self.latency_s, self._last_delivery_s + self.service_s)
+
+    def send(self) -> tuple[RequestSpec, float]:
+        """The next request and the time it is sent."""
+        sent_s = self.next_send_s
+        self._last_delivery_s = self.next_delivery_s
+        if self._free is not None:
+            heapq.heappop(self._free)
+        return self._pending.popleft(), sent_s
+
+    def complete(self, time_s: float) -> None:
+        if self._free is not None:
+            heapq.heappush(self._free, time_s)
+
+
+class Arrivals:
+    """The requests still to come, as a replica sees them while it steps. A lone replica receives every request
+    the client sends, so it may take them in itself; with several, the replay loop routes each one first."""
+
+    def __init__(self, client: Client, lone: bool):
+        self._client = client
         self._lone = lone
 
     @property
     def next_s(self) -> float:
-        return self._pending[0].arrival_s if self._pending else math.inf
+        return self._client.next_delivery_s
 
-    def take_arrived(self, clock: float) -> list[RequestSpec]:
-        """The arrivals due by `clock`, if this replica may take them in itself; else none."""
-        taken = []
-        while self._lone and self._pending and self._pending[0].arrival_s <= clock:
-            taken.append(self._pending.popleft())
-        return taken
+    def deliver_due(self, engine) -> None:
+        """Hand `engine` every request that reached it by its clock, if it is the lone replica (a rejection frees a
+        client slot at once, so the next request may be due too)."""
+        while self._lone and self._client.next_delivery_s <= engine.clock:
+            spec, sent_s = self._client.send()
+            engine.add_request(spec, sent_s)
 
 
-def replay(engines: list, specs: list[RequestSpec], route=None, progress: bool = False, desc: str = "") -> None:
-    """Co-simulate replicas behind one arrival stream, in time order.
+def replay(engines: list, specs: list[RequestSpec], route=None, progress: bool = False, desc: str = "",
+           max_concurrency: int | None = None, frontend_latency_s: float = 0.0,
+           frontend_service_s: float = 0.0) -> None:
+    """Co-simulate replicas behind one client, in time order.
 
-    The next event is either the next arrival (routed by `route(engines, spec)`, which sees every replica as it
-    is at that moment; one replica needs no router) or the step of the busy replica whose clock is furthest
-    behind. An idle replica's clock jumps to the arrival it receives.
+    The next event is either the next request reaching the engines (routed by `route(engines, spec)`, which sees
+    every replica as it is at that moment; one replica needs no router) or the step of the busy replica whose
+    clock is furthest behind. An idle replica's clock jumps to the request it receives.
     """
     if route is None:
         if len(engines) > 1:
             raise ValueError("several replicas need a router")
         route = _only
-    pending = deque(sorted(specs, key=lambda s: s.arrival_s))
-    arrivals = Arrivals(pending, lone=len(engines) == 1)
+    client = Client(specs, max_concurrency, frontend_latency_s, frontend_service_s)
+    for engine in engines:
+        engine.on_done = client.complete
+    arrivals = Arrivals(client, lone=len(engines) == 1)
     bar = tqdm(total=len(specs), unit="req", disable=not progress, desc=desc, leave=False)
     while True:
         busy = [e for e in engines if e.has_work]
         next_step = min(busy, key=lambda e: e.clock) if busy else None
-        if pending and (next_step is None or pending[0].arrival_s <= next_step.clock):
-            spec = pending.popleft()
+        delivery_s = client.next_delivery_s
+        if delivery_s < math.inf and (next_step is None or delivery_s <= next_step.clock):
+            spec, sent_s = client.send()
             target = route(engines, spec)
             if not target.has_work:
-                target.clock = max(target.clock, spec.arrival_s)
-            target.add_request(spec)
+                target.clock = max(target.clock, delivery_s)
+            target.add_request(spec, sent_s)
         elif next_step is not None:
             next_step.step(arrivals)
             clock = max(e.clock for e in engines)
@@ -61,6 +115,8 @@ def replay(engines: list, specs: list[RequestSpec], route=None, progress: bool =
             break
         bar.update(sum(e.num_done for e in engines) - bar.n)
     bar.close()
+    if client.has_pending:  # every slot would have to be held by a request no replica runs: a bug
+        raise RuntimeError("the client still holds requests with no replica busy: a lost completion")
 
 
 def _only(engines: list, spec: RequestSpec):

@@ -10,8 +10,7 @@ import time
 from harness.config import compose_config, validate
 from harness.core.replica import build_replica
 from harness.model_spec import Architecture, read_model_config
-from harness.sim.costmodel import RooflineCostModel
-from harness.sim.costmodel.hardware import HARDWARE
+from harness.sim.costmodel import build_cost_model
 from harness.sim.engine import SimEngine
 from harness.sim.runner import SimRunner
 from workloads import build_workload
@@ -23,10 +22,12 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=40.0, help="Poisson requests/s (high load for an H100)")
     parser.add_argument("--concurrency", type=int, default=256)
     args = parser.parse_args()
-    cfg = compose_config(["model=llama-2-7b", f"workload.num_requests={args.requests}", f"workload.rate={args.rate}",
+    cfg = compose_config(["runner=sim", "runner.hardware=h100", "model=llama-2-7b",
+                          f"workload.num_requests={args.requests}", f"workload.rate={args.rate}",
                           f"concurrency={args.concurrency}", "strategy.max_batch_tokens=2048"])
-    config = read_model_config(validate(cfg).model)
-    costs = RooflineCostModel(Architecture.from_config(config, 2), HARDWARE["h100"], step_overhead_s=0.002)
+    run = validate(cfg)
+    config = read_model_config(run.model)
+    costs = build_cost_model(run.runner, Architecture.from_config(config, 2))  # the simulator's defaults
     workload = build_workload(cfg.workload, config["vocab_size"])
     output_tokens = sum(r.max_new_tokens for r in workload.requests)
     print(f"{args.requests} ShareGPT-profile requests ({output_tokens} output tokens) at {args.rate} req/s, "

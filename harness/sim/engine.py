@@ -47,8 +47,7 @@ class SimEngine(Engine):
         times = []
         for j, (busy, overhead) in enumerate(self.runner.decode_run(plan, steps), start=1):
             if arrivals is not None:
-                for spec in arrivals.take_arrived(self.clock):
-                    self.add_request(spec)  # joins the queue (or is rejected) before this step
+                arrivals.deliver_due(self)  # they join the queue (or are rejected) before this step
                 if arrivals.next_s <= self.clock:
                     break  # another replica may get it: the replay loop routes it first
             if not self.strategy.is_steady(self.waiting, self.running):

@@ -13,15 +13,13 @@ def build_cost_model(runner_cfg, arch: Architecture) -> RooflineCostModel | Cali
     if runner_cfg.hardware and runner_cfg.profile:
         raise ValueError("runner=sim takes runner.hardware (roofline) or runner.profile (calibrated), not both")
     if runner_cfg.hardware:
-        try:
-            hardware = get_hardware(runner_cfg.hardware)
-        except KeyError as e:
-            raise ValueError(f"runner.hardware: {e.args[0]}") from None
-        return RooflineCostModel(arch, hardware, runner_cfg.compute_efficiency, runner_cfg.memory_efficiency,
-                                 runner_cfg.step_overhead_s)
+        hardware = get_hardware(runner_cfg.hardware)
+        compute_efficiency = None if runner_cfg.compute_efficiency == "auto" else runner_cfg.compute_efficiency
+        return RooflineCostModel(arch, hardware, compute_efficiency, runner_cfg.memory_efficiency,
+                                 runner_cfg.step_overhead_s, runner_cfg.seq_overhead_s)
     if not runner_cfg.profile:
-        raise ValueError("runner=sim needs runner.hardware=<a100-80gb|h100|h200|l4|cpu> or runner.profile=<csv "
-                         "from python -m harness.sim.step_profile>")
+        raise ValueError("runner=sim needs runner.hardware=<name> or runner.profile=<csv from python -m "
+                         "harness.sim.step_profile>")
     try:
         return CalibratedCostModel.load(runner_cfg.profile)
     except (FileNotFoundError, ValueError) as e:

@@ -97,6 +97,10 @@ class CalibratedCostModel:
                 meta[key] = value
         return cls(pd.read_csv(path, comment="#"), float(meta.get("step_overhead_s", 0.0)))
 
+    def overhead(self, shape: StepShape) -> float:
+        """The engine's own seconds per step, as the profile measured it on this machine."""
+        return self.step_overhead_s
+
     def predict(self, shape: StepShape) -> float:
         """Predicted seconds inside the model for a step of this shape."""
         grid = self.layouts["padded" if shape.padded else "ragged"]

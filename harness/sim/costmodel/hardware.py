@@ -1,14 +1,40 @@
-"""Accelerators the roofline cost model knows: public spec-sheet figures (dense, no sparsity).
+"""Accelerators the roofline knows: the catalogue in `conf/hardware/` (one YAML file each, every figure cited to its
+spec sheet there), a user's own YAML file, or the figures given inline. `cpu` measures this machine.
 
-- A100-80GB SXM: 312 TFLOP/s bf16/fp16 tensor, 2,039 GB/s HBM2e, 80 GB (NVIDIA A100 datasheet).
-- H100-SXM: 989 TFLOP/s bf16/fp16 tensor (1,979 with sparsity), 3.35 TB/s HBM3, 80 GB (NVIDIA H100 datasheet).
-- H200 SXM: 989 TFLOP/s bf16/fp16 tensor, 4.8 TB/s HBM3e, 141 GB (NVIDIA H200 datasheet).
-- L4: 121 TFLOP/s bf16/fp16 tensor (242 with sparsity), 300 GB/s GDDR6, 24 GB (NVIDIA L4 datasheet).
-- cpu: this machine, measured when asked for: a float32 GEMM rate and a copy bandwidth (see `measure_cpu`).
+`runner.hardware=h100` (a catalogue name), `runner.hardware=/path/my_gpu.yaml`, or
+`runner.hardware={name: my-gpu, bf16_tflops: 400, memory_bandwidth_gbps: 2000, memory_gb: 64, interconnect_gbps: 400}`.
 """
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import yaml
+from pydantic import Field, ValidationError
+
+from workloads.config import Strict, one_line
+
+CATALOGUE_DIR = Path(__file__).resolve().parents[3] / "conf" / "hardware"
+GB = 1e9
+GIB = 2**30
+# The share of peak FLOP/s a serving engine's kernels reach where a hardware file gives none: fitted to published
+# vLLM runs on Hopper GPUs (README "Grounding"). An older class reaches a larger share of its lower peak (an A100's
+# file says so), as FlashAttention-2 did: 50-73% of peak on an A100, about 35% on an H100 (FlashAttention-2 and -3
+# papers, arXiv 2307.08691 and 2407.08608).
+DEFAULT_COMPUTE_EFFICIENCY = 0.34
+
+
+class HardwareSpec(Strict):
+    """What a hardware file says: spec-sheet figures, dense (no sparsity)."""
+
+    name: str
+    bf16_tflops: Annotated[float, Field(gt=0)]
+    memory_bandwidth_gbps: Annotated[float, Field(gt=0)]
+    memory_gb: Annotated[float, Field(gt=0)]
+    interconnect_gbps: Annotated[float, Field(gt=0)]  # GPU-to-GPU in its usual node, both directions together
+    # Share of peak FLOP/s a serving engine reaches on this GPU class, where measured runs say; else the default.
+    compute_efficiency: Annotated[float, Field(gt=0, le=1)] = DEFAULT_COMPUTE_EFFICIENCY
 
 
 @dataclass(frozen=True)
@@ -18,15 +44,57 @@ class Hardware:
     memory_bandwidth: float  # bytes/s
     memory_bytes: float
     kind: str = "gpu"  # gpu: its memory sizes the KV cache; cpu: a CPU run's fixed cache, as the real runner's
+    interconnect_bandwidth: float = 0.0  # bytes/s between two GPUs of a node, both directions together
+    compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY  # share of peak_flops a serving engine reaches
+
+    @classmethod
+    def from_spec(cls, spec: HardwareSpec) -> "Hardware":
+        return cls(spec.name, spec.bf16_tflops * 1e12, spec.memory_bandwidth_gbps * GB, spec.memory_gb * GB,
+                   interconnect_bandwidth=spec.interconnect_gbps * GB, compute_efficiency=spec.compute_efficiency)
+
+    @property
+    def serving_defaults(self) -> tuple[int, int]:
+        return serving_defaults(self.name, self.memory_bytes)
 
 
-GB = 1e9
-HARDWARE = {
-    "a100-80gb": Hardware("A100-80GB", 312e12, 2039 * GB, 80 * GB),
-    "h100": Hardware("H100-SXM", 989e12, 3350 * GB, 80 * GB),
-    "h200": Hardware("H200", 989e12, 4800 * GB, 141 * GB),
-    "l4": Hardware("L4", 121e12, 300 * GB, 24 * GB),
-}
+def serving_defaults(name: str, memory_bytes: float) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) vLLM's API server uses on a GPU by default: 1024 and 8192 with at
+    least 70 GiB of memory, except on an A100, else 256 and 2048 (vLLM's `EngineArgs.get_batch_defaults`)."""
+    if memory_bytes >= 70 * GIB and "a100" not in name.lower():
+        return 1024, 8192
+    return 256, 2048
+
+
+def catalogue() -> list[str]:
+    return sorted(p.stem for p in CATALOGUE_DIR.glob("*.yaml"))
+
+
+def get_hardware(choice) -> Hardware:
+    """`choice`: a catalogue name, a YAML file's path, a mapping of the figures, or `cpu`. Raises ValueError naming
+    the problem (an unknown name lists the catalogue)."""
+    if choice == "cpu":
+        return measure_cpu()
+    if isinstance(choice, str):
+        path = Path(choice).expanduser()
+        if path.suffix in (".yaml", ".yml") or "/" in choice:
+            if not path.is_file():
+                raise ValueError(f"hardware file {choice!r} does not exist")
+            where = f"hardware file {str(path)!r}"
+        elif (CATALOGUE_DIR / f"{choice}.yaml").is_file():
+            path, where = CATALOGUE_DIR / f"{choice}.yaml", f"hardware {choice!r}"
+        else:
+            raise ValueError(f"unknown hardware {choice!r}; the catalogue has {', '.join(catalogue())}, and cpu "
+                             "(or give a YAML file's path, or the figures inline)")
+        try:
+            choice = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise ValueError(f"{where} is not valid YAML: {e}") from None
+    else:
+        where = "runner.hardware"
+    try:
+        return Hardware.from_spec(HardwareSpec.model_validate(choice))
+    except ValidationError as e:
+        raise ValueError(f"{where}: {one_line(e, choice)}") from None
 
 
 def measure_cpu(memory_bytes: float = 24 * GB) -> Hardware:
@@ -47,11 +115,3 @@ def measure_cpu(memory_bytes: float = 24 * GB) -> Hardware:
         dst.copy_(src)
     bandwidth = reps * 2 * src.numel() * 4 / (time.perf_counter() - start)  # read + write
     return Hardware("cpu (measured)", flops, bandwidth, memory_bytes, kind="cpu")
-
-
-def get_hardware(name: str) -> Hardware:
-    if name == "cpu":
-        return measure_cpu()
-    if name not in HARDWARE:
-        raise KeyError(f"unknown hardware {name!r}; choose one of {', '.join([*HARDWARE, 'cpu'])}")
-    return HARDWARE[name]

@@ -1,0 +1,127 @@
+"""A run measured elsewhere, as the simulator needs it: the workload as it was sent, the engine's setup, the GPU,
+and the metrics it got.
+
+Read from a `vllm bench serve --save-result` JSON (with `--save-detailed`, its per-request `input_lens` and
+`output_lens` give the workload exactly) plus a `setup` block for what the JSON itself does not say: `hardware`
+and `model` (names from `conf/hardware/`, `conf/model/`), the engine's caps, and for a random dataset saved without
+details its lengths. `tests/fixtures/published/` holds published runs in this shape.
+"""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from workloads import RequestSpec
+
+# vllm bench result keys (milliseconds or per second) → our summary keys (SI), and the factor between them.
+METRICS = {
+    "output_throughput": ("output_throughput_tps", 1.0),
+    "request_throughput": ("request_throughput_rps", 1.0),
+    "median_tpot_ms": ("tpot_s_p50", 1e-3),
+    "mean_tpot_ms": ("tpot_s_mean", 1e-3),
+    "median_ttft_ms": ("ttft_s_p50", 1e-3),
+    "mean_ttft_ms": ("ttft_s_mean", 1e-3),
+    "median_e2el_ms": ("e2e_s_p50", 1e-3),
+    "mean_e2el_ms": ("e2e_s_mean", 1e-3),
+}
+
+
+class MeasuredRunError(ValueError):
+    """A measured run that cannot be replayed: the message names the file and what is missing."""
+
+
+@dataclass
+class MeasuredRun:
+    name: str
+    source: str
+    hardware: str
+    model: str
+    requests: list[RequestSpec]
+    max_concurrency: int | None
+    metrics: dict[str, float]  # our summary keys, SI units
+    tensor_parallel: int = 1
+    max_num_seqs: int | None = None  # None: the hardware's vLLM defaults
+    max_num_batched_tokens: int | None = None
+    memory_fraction: float = 0.9  # --gpu-memory-utilization
+    served_over_http: bool = True  # vllm bench serve (a front end in the way) or the offline LLM class
+    setup: dict = field(default_factory=dict)
+
+
+def load_measured(path: str | Path, seed: int = 0) -> MeasuredRun:
+    """A vllm bench result JSON with its `setup` block. vllm bench does not save arrival times: at a finite rate
+    they are redrawn (Poisson or gamma, seeded) and scaled to the nominal mean rate, since the draw's own rate
+    varies by ±4.5% over 500 requests and a rate-bound run's throughput would follow it."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise MeasuredRunError(f"measured run {str(path)!r} is not a readable JSON file: {e}") from None
+    setup = data.get("setup", {})
+    hardware, model = data.get("hardware") or setup.get("hardware"), data.get("model") or setup.get("model")
+    if not hardware or not model:
+        raise MeasuredRunError(
+            f'measured run {str(path)!r}: say which GPU and model it ran on ("hardware" and '
+            '"model", names from conf/hardware/ and conf/model/)'
+        )
+    metrics = {
+        ours: float(data[theirs]) * scale for theirs, (ours, scale) in METRICS.items() if data.get(theirs) is not None
+    }
+    if "output_throughput_tps" not in metrics:
+        raise MeasuredRunError(f"measured run {str(path)!r} has no output_throughput to compare with")
+    input_lens, output_lens = _lengths(data, setup, path)
+    arrivals = _arrivals(data, len(input_lens), seed)
+    rng = np.random.default_rng(seed)
+    requests = [
+        # An empty completion (output 0) still ran its prefill and sampled one token: run it as one.
+        RequestSpec(i, float(t), tuple(rng.integers(0, 1000, size=int(p)).tolist()), max(int(o), 1))
+        for i, (t, p, o) in enumerate(zip(arrivals, input_lens, output_lens))
+    ]
+    concurrency = data.get("max_concurrency")
+    return MeasuredRun(
+        name=path.stem,
+        source=str(data.get("source", path)),
+        hardware=hardware,
+        model=model,
+        requests=requests,
+        max_concurrency=int(concurrency) if concurrency else None,
+        metrics=metrics,
+        tensor_parallel=int(setup.get("tensor_parallel", 1)),
+        max_num_seqs=setup.get("max_num_seqs"),
+        max_num_batched_tokens=setup.get("max_num_batched_tokens"),
+        memory_fraction=float(setup.get("gpu_memory_utilization", 0.9)),
+        served_over_http=bool(setup.get("served_over_http", True)),
+        setup=setup,
+    )
+
+
+def _lengths(data: dict, setup: dict, path: Path) -> tuple[list[int], list[int]]:
+    if "input_lens" in data and "output_lens" in data:
+        return data["input_lens"], data["output_lens"]
+    n = data.get("num_prompts") or data.get("completed")
+    if n and "random_input_len" in setup and "random_output_len" in setup:
+        if setup.get("random_range_ratio", 0.0):
+            raise MeasuredRunError(
+                f"measured run {str(path)!r}: a random range ratio needs the per-request "
+                "lengths (vllm bench --save-detailed)"
+            )
+        return [setup["random_input_len"]] * n, [setup["random_output_len"]] * n
+    raise MeasuredRunError(
+        f"measured run {str(path)!r} does not say its requests' lengths: save it with vllm bench "
+        "--save-detailed (input_lens, output_lens), or give setup.random_input_len and "
+        "random_output_len with num_prompts"
+    )
+
+
+def _arrivals(data: dict, n: int, seed: int) -> np.ndarray:
+    rate = data.get("request_rate", "inf")
+    if rate in ("inf", None) or rate == float("inf"):
+        return np.zeros(n)
+    from workloads.arrivals import arrival_times
+
+    burstiness = float(data.get("burstiness", 1.0))
+    times = arrival_times(
+        "gamma" if burstiness != 1.0 else "poisson", n, np.random.default_rng(seed), float(rate), burstiness
+    )
+    return times * ((n - 1) / float(rate) / times[-1]) if n > 1 and times[-1] > 0 else times

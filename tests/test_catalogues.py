@@ -1,0 +1,152 @@
+"""The hardware and model catalogues, and the published runs the simulator's defaults are grounded in."""
+
+import json
+
+import pytest
+import yaml
+
+from harness.config import compose_config, validate
+from harness.model_spec import Architecture, described_model
+from harness.sim.calibrate import RooflineParams, relative_errors, simulate
+from harness.sim.costmodel import RooflineCostModel, build_cost_model
+from harness.sim.costmodel.hardware import CATALOGUE_DIR, DEFAULT_COMPUTE_EFFICIENCY, catalogue, get_hardware
+from harness.sim.measured import MeasuredRunError, load_measured
+from tests.conftest import ROOT
+
+PUBLISHED = sorted((ROOT / "tests" / "fixtures" / "published").glob("*.json"))
+# Parameter counts the model cards publish (billions): a wrong number in a config shows here.
+PARAMETERS_B = {
+    "llama-3.1-8b": 8.03,
+    "llama-3.1-70b": 70.55,
+    "llama-3-8b": 8.03,
+    "llama-3-70b": 70.55,
+    "llama-2-7b": 6.74,
+    "llama-2-13b": 13.02,
+    "mistral-7b": 7.25,
+    "qwen2.5-7b": 7.62,
+    "qwen2.5-72b": 72.7,
+    "qwen3-0.6b": 0.60,
+    "qwen2.5-0.5b": 0.49,
+}
+
+
+@pytest.mark.parametrize("name", catalogue())
+def test_every_hardware_file_has_every_figure_and_cites_its_source(name):
+    hardware = get_hardware(name)
+    assert hardware.peak_flops > 1e13 and hardware.memory_bandwidth > 1e11 and hardware.memory_bytes > 1e10
+    assert hardware.interconnect_bandwidth > 0
+    assert "Source:" in (CATALOGUE_DIR / f"{name}.yaml").read_text()
+
+
+def test_the_catalogue_has_the_gpus_users_rent():
+    assert {"a100-40gb", "a100-80gb", "h100", "h100-pcie", "h200", "b200", "l4", "l40s", "rtx-4090", "mi300x"} <= set(
+        catalogue()
+    )
+
+
+def test_a_gpu_comes_from_a_file_or_inline_and_an_incomplete_one_is_named(tmp_path):
+    figures = {
+        "name": "my-gpu",
+        "bf16_tflops": 400,
+        "memory_bandwidth_gbps": 2000,
+        "memory_gb": 64,
+        "interconnect_gbps": 400,
+    }
+    path = tmp_path / "my_gpu.yaml"
+    path.write_text(yaml.safe_dump(figures))
+    assert get_hardware(str(path)) == get_hardware(figures)
+    assert get_hardware(figures).memory_bandwidth == 2000e9
+    del figures["memory_gb"]
+    path.write_text(yaml.safe_dump(figures))
+    with pytest.raises(ValueError, match=r"hardware file '.*my_gpu.yaml': memory_gb is required"):
+        get_hardware(str(path))
+    with pytest.raises(ValueError, match="unknown hardware 'tpu-v9'; the catalogue has a100-40gb, a100-80gb"):
+        get_hardware("tpu-v9")
+
+
+def test_an_inline_gpu_works_from_the_command_line():
+    cfg = validate(
+        compose_config(
+            [
+                "runner=sim",
+                "model=llama-3.1-8b",
+                "runner.hardware={name: my-gpu, bf16_tflops: "
+                "400, memory_bandwidth_gbps: 2000, memory_gb: 64, interconnect_gbps: 400}",
+            ]
+        )
+    )
+    assert cfg.runner.hardware["memory_gb"] == 64
+
+
+def test_a_gpu_class_figure_sets_the_compute_efficiency_unless_the_run_gives_one():
+    arch = Architecture.from_config(described_model("llama-3.1-8b"), 2)
+    a100, h100 = get_hardware("a100-80gb"), get_hardware("h100")
+    assert RooflineCostModel(arch, a100).compute_efficiency == a100.compute_efficiency > DEFAULT_COMPUTE_EFFICIENCY
+    assert RooflineCostModel(arch, h100).compute_efficiency == DEFAULT_COMPUTE_EFFICIENCY
+    assert RooflineCostModel(arch, a100, compute_efficiency=0.6).compute_efficiency == 0.6
+    chosen = build_cost_model(
+        validate(compose_config(["runner=sim", "runner.hardware=a100-80gb", "runner.compute_efficiency=0.6"])).runner,
+        arch,
+    )
+    assert chosen.compute_efficiency == 0.6
+
+
+@pytest.mark.parametrize("name,billions", PARAMETERS_B.items())
+def test_every_described_model_has_its_published_size(name, billions):
+    arch = Architecture.from_config(described_model(name), 2)
+    total = arch.num_layers * arch.layer_params + arch.embedding_params * (1 if arch.tie_word_embeddings else 2)
+    assert total / 1e9 == pytest.approx(billions, rel=0.015)
+
+
+def test_an_unknown_model_lists_the_catalogue():
+    with pytest.raises(ValueError, match="unknown model 'llama-9b'; the catalogue .* has hf, llama-2-13b"):
+        described_model("llama-9b")
+
+
+@pytest.mark.parametrize("path", PUBLISHED, ids=[p.stem for p in PUBLISHED])
+def test_published_runs_are_whole(path):
+    """Each fixture names its source, GPU and model, and its per-request lengths add up to its own totals."""
+    data = json.loads(path.read_text())
+    assert data["source"].startswith("https://") and data["hardware"] in catalogue()
+    described_model(data["model"])
+    if "input_lens" in data:
+        assert sum(data["input_lens"]) == data["total_input_tokens"]
+        assert sum(data["output_lens"]) == data["total_output_tokens"]
+        assert len(data["input_lens"]) == data["num_prompts"]
+
+
+def default_params() -> RooflineParams:
+    runner = compose_config(["runner=sim"]).runner
+    compute_efficiency = None if runner.compute_efficiency == "auto" else runner.compute_efficiency
+    return RooflineParams(
+        compute_efficiency,
+        runner.memory_efficiency,
+        runner.step_overhead_s,
+        runner.seq_overhead_s,
+        runner.frontend_latency_s,
+        runner.frontend_service_s,
+    )
+
+
+@pytest.mark.parametrize("path", PUBLISHED, ids=[p.stem for p in PUBLISHED])
+def test_the_defaults_reproduce_every_published_run(path):
+    """Throughput, TPOT p50 and end-to-end latency within 15%, TTFT p50 within 25%, of what was measured."""
+    run = load_measured(path)
+    errors = relative_errors(run, simulate(run, default_params()))
+    assert {"output_throughput_tps"} < set(errors)
+    for key, error in errors.items():
+        assert abs(error) <= (0.25 if key == "ttft_s_p50" else 0.15), (key, f"{error:+.1%}")
+
+
+def test_a_measured_run_without_its_lengths_or_its_gpu_is_refused(tmp_path):
+    path = tmp_path / "bench.json"
+    path.write_text(
+        json.dumps({"num_prompts": 10, "output_throughput": 100.0, "hardware": "h100", "model": "llama-3.1-8b"})
+    )
+    with pytest.raises(
+        MeasuredRunError, match="does not say its requests' lengths: save it with vllm bench --save-detailed"
+    ):
+        load_measured(path)
+    path.write_text(json.dumps({"num_prompts": 10, "output_throughput": 100.0}))
+    with pytest.raises(MeasuredRunError, match="say which GPU and model it ran on"):
+        load_measured(path)
