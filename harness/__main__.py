@@ -24,7 +24,7 @@ from harness.analysis.results import (
     read_status,
     write_status,
 )
-from harness.config import ConfigError, check_group_choices, expand_dict_overrides
+from harness.config import PEERS, ConfigError, check_group_choices, expand_dict_overrides
 from harness.job import run_job
 from workloads import WorkloadError
 
@@ -43,7 +43,8 @@ def main(cfg: DictConfig) -> None:
     if in_sweep and not cfg.overwrite and read_status(run_dir).get("status") == RunStatus.FINISHED:
         print(f"skipped: {run_dir} already has its results (overwrite=true runs it again)")
         return
-    labels = {"strategy": cfg.strategy.name, "workload": cfg.workload.name, "rate": cfg.workload.get("rate"),
+    system = cfg.runner.name if cfg.runner.name in PEERS else cfg.strategy.name
+    labels = {"strategy": system, "workload": cfg.workload.name, "rate": cfg.workload.get("rate"),
               "concurrency": cfg.get("concurrency")}  # so a failed job still has its place in a comparison
     for signum in EXIT_CODES:
         signal.signal(signum, _interrupt)

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import ValueType
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from harness.model_spec import DTYPE_BYTES, read_model_config
@@ -103,7 +103,54 @@ class SimRunnerConfig(Strict):
         return self
 
 
-RunnerConfig = Annotated[RealRunnerConfig | SimRunnerConfig, Field(discriminator="name")]
+class HFGenerateRunnerConfig(Strict):
+    """Peer: transformers `generate()` on left-padded batches (`harness.peers.hf_generate`)."""
+
+    name: Literal["hf_generate"]
+    batch_size: Cap
+
+
+class HFContinuousRunnerConfig(Strict):
+    """Peer: transformers' continuous batching manager (`harness.peers.hf_continuous`)."""
+
+    name: Literal["hf_continuous"]
+    max_batch_tokens: Cap
+    max_num_seqs: Cap
+
+
+class OpenAIRunnerConfig(Strict):
+    """Peer: any OpenAI-compatible server (`harness.peers.openai_server`)."""
+
+    name: Literal["openai"]
+    url: str | None = None  # http://host:port/v1
+    model: str | None = None  # the served model's name
+    endpoint: Literal["completions", "chat"] = "completions"
+    prompt: Literal["text", "ids"] = "text"
+    lengths: Literal["ignore_eos", "generation_config", "none"] = "ignore_eos"
+    api_key_env: str | None = None
+    timeout_s: Positive = 600
+    launch: str | None = None  # a command starting the server: {port} and {model_path} are filled in
+    ready_timeout_s: Positive = 120
+
+    @model_validator(mode="after")
+    def _a_server(self):
+        if not self.url and not self.launch:
+            raise ValueError("runner=openai needs runner.url=http://<host>:<port>/v1 (a running server) or "
+                             "runner.launch='<command with {port}>' (one the run starts)")
+        if self.url and self.launch:
+            raise ValueError("give runner.url (a running server) or runner.launch (one the run starts), not both")
+        if self.url and not self.model:
+            raise ValueError("runner.model: name the model the server serves (its /v1/models lists them)")
+        return self
+
+
+RunnerConfig = Annotated[RealRunnerConfig | SimRunnerConfig | HFGenerateRunnerConfig | HFContinuousRunnerConfig
+                         | OpenAIRunnerConfig, Field(discriminator="name")]
+# Other systems, run in process or over HTTP, reported in the same tables as our strategies.
+PEERS = ("hf_generate", "hf_continuous", "openai")
+# `${system:${runner.name},${strategy.name}}`: what a run measured, for folder names: a peer, or our strategy.
+OmegaConf.register_new_resolver("system", lambda runner, strategy: runner if runner in PEERS else strategy,
+                                replace=True)
 
 
 class ModelShape(BaseModel):
@@ -180,7 +227,7 @@ class RunConfig(Strict):
     def _across_keys(self):
         if self.runner.name == "sim" and self.stop_at_eos:
             raise ValueError("stop_at_eos needs runner=real: a simulation computes no tokens, so sees no EOS")
-        if self.runner.name == "real" and self.model.source == "config":
+        if self.runner.name in ("real", "hf_generate", "hf_continuous") and self.model.source == "config":
             raise ValueError(f"model={self.model.name} is only described by its config, with no weights: use "
                              "runner=sim, or model=hf model.name=<hub id or path> to run a real model")
         return self
@@ -194,7 +241,7 @@ def validate(cfg: DictConfig) -> RunConfig:
         config = RunConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(one_line(e, data)) from None
-    on_cpu = _check_device(config) if config.runner.name == "real" else bool(
+    on_cpu = _check_device(config) if config.runner.name in ("real", *PEERS) else bool(
         config.runner.profile or config.runner.hardware == "cpu")
     # `auto` caps are the CPU's or else the GPU's, known once the job sees it
     _check_cache_holds(config, CPU_ENGINE_CAPS[0] if on_cpu else None)

@@ -14,7 +14,7 @@ from harness.analysis import metrics
 from harness.analysis.plots import plot_run
 from harness.analysis.report import run_report, terminal_table
 from harness.analysis.results import RunInterrupted, write_csv, write_json, write_text
-from harness.config import CPU_ENGINE_CAPS, ConfigError, RunConfig, validate
+from harness.config import CPU_ENGINE_CAPS, PEERS, ConfigError, RunConfig, validate
 from harness.core.engine import Engine
 from harness.core.records import RunRecords
 from harness.core.replay import replay
@@ -31,6 +31,10 @@ CPU_NUM_BLOCKS = 2048  # `kv_cache.num_blocks=auto` on a CPU, real or simulated:
 def run_job(raw: DictConfig, run_dir: Path) -> dict:
     """Run the job `raw` (a composed Hydra config) describes, writing its results into `run_dir`."""
     cfg = validate(raw)
+    if cfg.runner.name in PEERS:
+        from harness.peers.job import run_peer  # transformers' engines or a server: their own clock
+
+        return run_peer(cfg, raw, run_dir)
     build = _real_replicas if cfg.runner.name == "real" else _simulated_replicas
     replicas, route, workload, device, dtype = build(cfg)
     try:
@@ -65,7 +69,7 @@ def run_job(raw: DictConfig, run_dir: Path) -> dict:
             {"replica": i} | metrics.summarize(t[0], t[1], metrics.inter_token_latencies(e.records), {},
                                                 cfg.slo.ttft_s, cfg.slo.tpot_s)
             for i, (t, e) in enumerate(zip(tables, replicas))]))
-    _write(run_dir, raw, records, requests, steps, summary, workload.info, cfg.save_tokens)
+    write_results(run_dir, raw, records, requests, steps, summary, workload.info, cfg.save_tokens)
     print(terminal_table(summary))
     print(f"results: {run_dir}")
     if interrupted is not None:
@@ -85,26 +89,8 @@ def _real_replicas(cfg: RunConfig):
         model, tokenizer = load_model(cfg.model, device, dtype)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model.name={cfg.model.name!r}: {e}") from None
-    workload = _workload(cfg, model.config.vocab_size, tokenizer, model.config.max_position_embeddings)
-    if cfg.kv_cache.num_blocks != "auto":
-        blocks = cfg.kv_cache.num_blocks
-    elif device.type == "cuda":
-        import torch
-
-        free, _ = torch.cuda.mem_get_info(device)  # the weights are already loaded
-        arch = Architecture.from_config(model.config, dtype.itemsize)
-        blocks = int(free * cfg.kv_cache.memory_fraction // (cfg.kv_cache.block_size * arch.kv_bytes_per_token))
-    else:
-        blocks = CPU_NUM_BLOCKS
-    if device.type == "cuda":
-        import torch
-
-        from harness.sim.costmodel.hardware import serving_defaults
-
-        name = torch.cuda.get_device_name(device)
-        caps = serving_defaults(name, torch.cuda.get_device_properties(device).total_memory), f"vLLM's on {name}"
-    else:
-        caps = CPU_ENGINE_CAPS, "the CPU defaults"
+    workload = load_workload(cfg, model.config.vocab_size, tokenizer, model.config.max_position_embeddings)
+    blocks, caps = device_num_blocks(cfg, model, device, dtype), device_caps(device)
 
     def make_runner(allocator):
         runner = RealRunner(model, allocator, kernel_backend=cfg.kernel_backend)
@@ -114,6 +100,32 @@ def _real_replicas(cfg: RunConfig):
     eos = eos_token_ids(model) if cfg.stop_at_eos else ()
     engine = _replica(cfg, make_runner, blocks, model.config.max_position_embeddings, eos, Engine, caps)
     return [engine], None, workload, str(device), str(dtype)
+
+
+def device_num_blocks(cfg: RunConfig, model, device, dtype) -> int:
+    """`kv_cache.num_blocks`, `auto` resolved: what the GPU's free memory holds once the weights are loaded, or
+    the CPU's fixed pool."""
+    if cfg.kv_cache.num_blocks != "auto":
+        return cfg.kv_cache.num_blocks
+    if device.type != "cuda":
+        return CPU_NUM_BLOCKS
+    import torch
+
+    free, _ = torch.cuda.mem_get_info(device)
+    arch = Architecture.from_config(model.config, dtype.itemsize)
+    return int(free * cfg.kv_cache.memory_fraction // (cfg.kv_cache.block_size * arch.kv_bytes_per_token))
+
+
+def device_caps(device) -> tuple[tuple[int, int], str]:
+    """The engine caps `auto` means on this device ((max_num_seqs, max_batch_tokens), whose they are)."""
+    if device.type != "cuda":
+        return CPU_ENGINE_CAPS, "the CPU defaults"
+    import torch
+
+    from harness.sim.costmodel.hardware import serving_defaults
+
+    name = torch.cuda.get_device_name(device)
+    return serving_defaults(name, torch.cuda.get_device_properties(device).total_memory), f"vLLM's on {name}"
 
 
 def _simulated_replicas(cfg: RunConfig):
@@ -131,7 +143,7 @@ def _simulated_replicas(cfg: RunConfig):
     except ValueError as e:
         raise ConfigError(str(e)) from None
     tokenizer = load_tokenizer(cfg.model)
-    workload = _workload(cfg, config["vocab_size"], tokenizer, config["max_position_embeddings"])
+    workload = load_workload(cfg, config["vocab_size"], tokenizer, config["max_position_embeddings"])
     if cfg.kv_cache.num_blocks != "auto":
         blocks = cfg.kv_cache.num_blocks
     else:
@@ -178,7 +190,7 @@ def _replica(cfg: RunConfig, make_runner, num_blocks: int, max_model_len: int, e
     return engine
 
 
-def _workload(cfg: RunConfig, vocab_size: int, tokenizer, max_model_len: int):
+def load_workload(cfg: RunConfig, vocab_size: int, tokenizer, max_model_len: int):
     workload = build_workload(cfg.workload, vocab_size, tokenizer, max_model_len)
     for key, value in workload.info.items():
         if key != "provenance":  # long; the report carries it
@@ -190,18 +202,20 @@ def _tables(engine: Engine) -> tuple[pd.DataFrame, pd.DataFrame]:
     return metrics.requests_table(engine.records), metrics.steps_table(engine.records, engine.allocator.num_blocks)
 
 
-def _write(run_dir: Path, cfg: DictConfig, records: list[Request], requests: pd.DataFrame, steps: pd.DataFrame,
-           summary: dict, workload_info: dict, save_tokens: bool) -> None:
+def write_results(run_dir: Path, cfg: DictConfig, records: list[Request], requests: pd.DataFrame,
+                  steps: pd.DataFrame | None, summary: dict, workload_info: dict, save_tokens: bool) -> None:
+    """Every file of a finished run. `steps` None: a peer, which reports no steps (no `steps.csv`)."""
     write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     write_csv(run_dir / "requests.csv", requests)
-    write_csv(run_dir / "steps.csv", steps)
+    if steps is not None:
+        write_csv(run_dir / "steps.csv", steps)
     if save_tokens:
         lines = [json.dumps({"request_id": r.request_id, "status": r.status.label,
                              "prompt_ids": r.token_ids[:r.num_prompt_tokens], "output_ids": r.output_ids})
                  for r in sorted(records, key=lambda r: r.request_id)]
         write_text(run_dir / "tokens.jsonl", "\n".join(lines) + "\n")
     title = f"{summary['strategy']} on {summary['workload']}"
-    plots = plot_run(requests, steps, title, run_dir / "plots")
+    plots = plot_run(requests, steps if steps is not None else pd.DataFrame(), title, run_dir / "plots")
     write_text(run_dir / "report.md", run_report(summary, requests, steps, workload_info,
                                                  [p.relative_to(run_dir) for p in plots]))
     write_json(run_dir / "summary.json", summary)  # last: its presence means the run is complete

@@ -94,6 +94,16 @@ def padded_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     k = gather_kv_padded(k_cache, block_table, k_max)  # [B, K, H_kv, D]
     v = gather_kv_padded(v_cache, block_table, k_max)
     key_pos = torch.arange(k_max, device=q.device)  # [K]
+    if width == 1:
+        # A decode rectangle, the common step of padded batching: each row's one query sees its whole cached
+        # sequence, so a boolean mask over keys does. An idle row (a finished request's) runs over its own
+        # cache as a padded engine computes it (at least key 0, so it stays finite); its output is never read.
+        visible = key_pos[None, :] < seq_lens_k.clamp(min=1)[:, None]  # [B, K]
+        o = F.scaled_dot_product_attention(
+            q.float(), k.transpose(1, 2).float(), v.transpose(1, 2).float(),  # [B, H, 1|K, D]
+            attn_mask=visible[:, None, None, :], scale=scale, enable_gqa=True,
+        )
+        return o.transpose(1, 2).to(q.dtype)
     # Real query j (0-based among the row's real ones) sits at column width - q_len + j and sees keys up to
     # k_len - q_len + j, i.e. key_pos <= k_len - width + column.
     column = torch.arange(width, device=q.device)  # [L]

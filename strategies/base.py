@@ -26,6 +26,7 @@ class RequestStatus(enum.IntEnum):
     PREEMPTED = 2  # evicted from the cache, back in the queue to recompute its tokens
     FINISHED = 3
     REJECTED = 4  # could never be served (longer than the context, bigger than the cache)
+    FAILED = 5  # a peer's error ended it (a server's HTTP error, a timeout, a refused connection): `reject_reason`
 
     @property
     def label(self) -> str:
@@ -51,6 +52,8 @@ class Request:
     first_scheduled_s: float | None = None
     token_times_s: list[float] = field(default_factory=list)  # when each output token was produced
     finish_s: float | None = None
+    # A server reports how many tokens it generated (its usage count) but streams text, not ids.
+    reported_output_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.sent_s is None:
@@ -62,6 +65,8 @@ class Request:
 
     @property
     def num_output_tokens(self) -> int:
+        if self.reported_output_tokens is not None:
+            return self.reported_output_tokens
         # A request rejected before its prompt ids were built (longer than the context) has none: 0, not negative.
         return max(len(self.token_ids) - self.num_prompt_tokens, 0)
 

@@ -94,8 +94,11 @@ def plot_comparison(runs: pd.DataFrame, plots_dir: Path) -> list[Path]:
         fig.suptitle(f"Strategies against {label}", fontsize=11)
         paths.append(plots_dir / f"metrics_vs_{axis}.png")
         save_figure(fig, paths[-1])
+    else:
+        paths.append(plot_systems(finished, plots_dir / "systems.png"))
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    waste = finished.groupby("strategy").padding_waste.mean().sort_values()
+    # A peer reports no padding: it has no bar rather than a made-up zero.
+    waste = finished.dropna(subset=["padding_waste"]).groupby("strategy").padding_waste.mean().sort_values()
     ax.barh(waste.index, 100 * waste.to_numpy(), color="tab:red")
     ax.set(title="Padding waste (mean over runs)", xlabel="share of computed token slots (%)", xlim=(0, 100))
     for y, value in enumerate(waste.to_numpy()):
@@ -103,6 +106,24 @@ def plot_comparison(runs: pd.DataFrame, plots_dir: Path) -> list[Path]:
     paths.append(plots_dir / "padding_waste.png")
     save_figure(fig, paths[-1])
     return paths
+
+
+def plot_systems(finished: pd.DataFrame, path: Path) -> Path:
+    """One load, several systems (ours and peers): output throughput and TTFT p50 side by side."""
+    systems = finished.groupby("strategy")[["output_throughput_tps", "ttft_s_p50"]].mean()
+    systems = systems.sort_values("output_throughput_tps")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.5 * len(systems) + 1.5), sharey=True)
+    left.barh(systems.index, systems.output_throughput_tps, color="tab:blue")
+    left.set(title="output throughput (tok/s), higher is better")
+    right.barh(systems.index, systems.ttft_s_p50, color="tab:orange")
+    right.set(title="TTFT p50 (s), lower is better")
+    for ax, column, fmt in ((left, "output_throughput_tps", "{:.0f}"), (right, "ttft_s_p50", "{:.3g}")):
+        for y, value in enumerate(systems[column]):
+            ax.text(value, y, " " + fmt.format(value), va="center")
+        ax.grid(axis="x", alpha=0.3)
+    fig.suptitle("Systems on one workload", fontsize=11)
+    save_figure(fig, path)
+    return path
 
 
 def comparison_markdown(runs: pd.DataFrame, plots: list[Path], out_dir: Path) -> str:

@@ -37,7 +37,7 @@ def requests_table(records: RunRecords) -> pd.DataFrame:
             "queue_s": (r.first_scheduled_s - r.sent_s) if r.first_scheduled_s is not None else math.nan,
             "ttft_s": first - r.sent_s,
             # TPOT excludes the first token; undefined for a single output token.
-            "tpot_s": (finish - first) / (len(times) - 1) if len(times) > 1 else math.nan,
+            "tpot_s": (finish - first) / (r.num_output_tokens - 1) if r.num_output_tokens > 1 else math.nan,
             "e2e_s": finish - r.sent_s,
         })
     return pd.DataFrame(rows)
@@ -78,34 +78,44 @@ def meets_slo(finished: pd.DataFrame, ttft_s: float | None, tpot_s: float | None
     return ok
 
 
-def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: np.ndarray, labels: dict,
+def summarize(requests: pd.DataFrame, steps: pd.DataFrame | None, itl: np.ndarray, labels: dict,
               slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> dict:
     """The flat `summary.json` record (README, "Reading a run"): SI units; counts, throughput, latency
-    distributions, goodput, padding, KV use, step shape and where the time went."""
+    distributions, goodput, padding, KV use, step shape and where the time went. `steps` None: a peer that
+    reports no steps (another engine, a server), whose step, padding, KV and busy figures are None, not zero."""
+    summary = _client_side(requests, itl, labels, slo_ttft_s, slo_tpot_s)
+    if steps is None:
+        return summary | dict.fromkeys(ENGINE_SIDE)
+    return summary | _engine_side(steps, int(requests.num_preemptions.sum()), summary["makespan_s"])
+
+
+# What only our own engines can say: from their step records.
+ENGINE_SIDE = ("num_preemptions", "num_steps", "batch_size_mean", "batch_size_max", "tokens_per_step_mean",
+               "tokens_per_step_max", "num_computed_tokens", "num_padding_tokens", "padding_waste",
+               "kv_peak_utilization", "kv_mean_utilization", "busy_s", "overhead_s", "idle_s")
+
+
+def _client_side(requests: pd.DataFrame, itl: np.ndarray, labels: dict, slo_ttft_s: float | None,
+                 slo_tpot_s: float | None) -> dict:
+    """What a benchmark client sees of any system: counts, throughput, latencies, goodput."""
     finished = requests[requests.status == RequestStatus.FINISHED.label]
     start = requests.arrival_s.min()
     makespan = float(finished.finish_s.max() - start) if len(finished) else 0.0
     output_tokens = int(finished.num_output_tokens.sum())
     total_tokens = output_tokens + int(finished.prompt_len.sum())
-    computed = int(steps.num_computed_tokens.sum()) if len(steps) else 0
-    padding = int(steps.num_padding_tokens.sum()) if len(steps) else 0
-    busy = float(steps.busy_s.sum()) if len(steps) else 0.0
-    stepped = float(steps.duration_s.sum()) if len(steps) else 0.0
-    kv_mean = float(np.average(steps.kv_utilization, weights=steps.duration_s)) if len(steps) else 0.0
 
     def per_second(x: float) -> float:
         return x / makespan if makespan > 0 else math.nan
 
-    sequences = steps.num_seqs if len(steps) else pd.Series(dtype=float)
-    scheduled = steps.num_prefill_tokens + steps.num_decode_tokens if len(steps) else pd.Series(dtype=float)
-    summary = dict(labels) | {
+    rejected = int((requests.status == RequestStatus.REJECTED.label).sum())
+    failed = int((requests.status == RequestStatus.FAILED.label).sum())
+    return dict(labels) | {
         "num_requests": len(requests),
         "num_finished": len(finished),
-        "num_rejected": int((requests.status == RequestStatus.REJECTED.label).sum()),
+        "num_rejected": rejected,
+        "num_failed": failed,
         # Nonzero only when a run was interrupted: requests that had entered and were still waiting or running.
-        "num_unfinished": len(requests) - len(finished) - int((requests.status == RequestStatus.REJECTED.label).sum()),
-        "num_preemptions": int(requests.num_preemptions.sum()),
-        "num_steps": len(steps),
+        "num_unfinished": len(requests) - len(finished) - rejected - failed,
         "makespan_s": makespan,
         "request_throughput_rps": per_second(len(finished)),
         "output_throughput_tps": per_second(output_tokens),
@@ -119,6 +129,20 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: np.ndarray, labe
         "slo_ttft_s": slo_ttft_s,
         "slo_tpot_s": slo_tpot_s,
         "goodput_rps": per_second(int(meets_slo(finished, slo_ttft_s, slo_tpot_s).sum())),
+    }
+
+
+def _engine_side(steps: pd.DataFrame, num_preemptions: int, makespan: float) -> dict:
+    computed = int(steps.num_computed_tokens.sum()) if len(steps) else 0
+    padding = int(steps.num_padding_tokens.sum()) if len(steps) else 0
+    busy = float(steps.busy_s.sum()) if len(steps) else 0.0
+    stepped = float(steps.duration_s.sum()) if len(steps) else 0.0
+    kv_mean = float(np.average(steps.kv_utilization, weights=steps.duration_s)) if len(steps) else 0.0
+    sequences = steps.num_seqs if len(steps) else pd.Series(dtype=float)
+    scheduled = steps.num_prefill_tokens + steps.num_decode_tokens if len(steps) else pd.Series(dtype=float)
+    return {
+        "num_preemptions": num_preemptions,
+        "num_steps": len(steps),
         "batch_size_mean": float(sequences.mean()) if len(steps) else 0.0,
         "batch_size_max": int(sequences.max()) if len(steps) else 0,
         "tokens_per_step_mean": float(scheduled.mean()) if len(steps) else 0.0,
@@ -133,4 +157,3 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl: np.ndarray, labe
         "overhead_s": stepped - busy,
         "idle_s": makespan - stepped,
     }
-    return summary

@@ -72,11 +72,15 @@ def request_gantt(requests: pd.DataFrame, title: str, path: Path) -> None:
     """Held by the client, queued, prefill (until the first token) and decode spans of the first requests."""
     finished = requests[requests.status == RequestStatus.FINISHED.label]
     sample = finished.sort_values("request_id").head(GANTT_MAX_REQUESTS)
+    if sample.empty:
+        return
+    # A server does not say when it scheduled a request: its wait shows as queued until the first token.
+    scheduled = sample.first_scheduled_s.fillna(sample.first_token_s)
     fig, ax = plt.subplots(figsize=(10, 1.2 + 0.11 * max(len(sample), 8)))
     rows = np.arange(len(sample))
     spans = [("held", sample.arrival_s, sample.sent_s),
-             ("queued", sample.sent_s, sample.first_scheduled_s),
-             ("prefill", sample.first_scheduled_s, sample.first_token_s),
+             ("queued", sample.sent_s, scheduled),
+             ("prefill", scheduled, sample.first_token_s),
              ("decode", sample.first_token_s, sample.finish_s)]
     for name, start, end in spans:
         ax.barh(rows, (end - start).to_numpy(), left=start.to_numpy(), height=0.8, color=COLORS[name], label=name)

@@ -4,19 +4,30 @@ import pandas as pd
 
 from strategies import RequestStatus
 
+NOT_REPORTED = "not reported (a peer's own engine)"
+
+
+def engine_side(fmt):
+    """A row only our engines can fill: a peer leaves it None, and the table says so instead of a number."""
+    return lambda s: NOT_REPORTED if s.get("num_steps") is None else fmt(s)
+
+
 TERMINAL_ROWS = [
-    ("requests finished / rejected", lambda s: f"{s['num_finished']} / {s['num_rejected']}"),
+    ("requests finished / rejected / failed",
+     lambda s: f"{s['num_finished']} / {s['num_rejected']} / {s.get('num_failed', 0)}"),
     ("makespan", lambda s: duration(s["makespan_s"])),
     ("output throughput", lambda s: f"{s['output_throughput_tps']:.1f} tok/s"),
     ("request throughput", lambda s: f"{s['request_throughput_rps']:.2f} req/s"),
     ("TTFT p50 / p99", lambda s: f"{duration(s['ttft_s_p50'])} / {duration(s['ttft_s_p99'])}"),
     ("TPOT p50 / p99", lambda s: f"{duration(s['tpot_s_p50'])} / {duration(s['tpot_s_p99'])}"),
     ("E2E p50 / p99", lambda s: f"{duration(s['e2e_s_p50'])} / {duration(s['e2e_s_p99'])}"),
-    ("padding waste", lambda s: f"{s['padding_waste']:.1%} of {s['num_computed_tokens']} computed tokens"),
-    ("KV use peak / mean", lambda s: f"{s['kv_peak_utilization']:.1%} / {s['kv_mean_utilization']:.1%}"),
-    ("preemptions", lambda s: str(s["num_preemptions"])),
+    ("padding waste",
+     engine_side(lambda s: f"{s['padding_waste']:.1%} of {s['num_computed_tokens']} computed tokens")),
+    ("KV use peak / mean",
+     engine_side(lambda s: f"{s['kv_peak_utilization']:.1%} / {s['kv_mean_utilization']:.1%}")),
+    ("preemptions", engine_side(lambda s: str(s["num_preemptions"]))),
     ("goodput (SLOs met)", lambda s: f"{s['goodput_rps']:.2f} req/s"),
-    ("harness overhead", lambda s: f"{duration(s['overhead_s'])} of {duration(s['makespan_s'])}"),
+    ("harness overhead", engine_side(lambda s: f"{duration(s['overhead_s'])} of {duration(s['makespan_s'])}")),
 ]
 
 
@@ -47,13 +58,10 @@ def terminal_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def run_report(summary: dict, requests: pd.DataFrame, steps: pd.DataFrame, workload_info: dict,
+def run_report(summary: dict, requests: pd.DataFrame, steps: pd.DataFrame | None, workload_info: dict,
                plots: list) -> str:
-    rejected = requests[requests.status == RequestStatus.REJECTED.label]
-    composition = pd.DataFrame({
-        "tokens": [steps.num_prefill_tokens.sum(), steps.num_decode_tokens.sum(), steps.num_padding_tokens.sum()],
-    }, index=["prefill", "decode", "padding"])
-    composition["share"] = (composition.tokens / composition.tokens.sum()).map("{:.1%}".format)
+    """`steps` None: a peer, which reports no steps."""
+    ended = requests[requests.status.isin([RequestStatus.REJECTED.label, RequestStatus.FAILED.label])]
     parts = [
         f"# {summary['strategy']} on {summary['workload']}",
         "",
@@ -65,14 +73,7 @@ def run_report(summary: dict, requests: pd.DataFrame, steps: pd.DataFrame, workl
         "",
         *[f"- {key}: {value}" for key, value in workload_info.items()],
         "",
-        "## What the model computed",
-        "",
-        "Every token slot the model ran, by kind. Padding is compute spent on no request's sequence.",
-        "",
-        composition.to_markdown(),
-        "",
-        f"{summary['num_steps']} steps; see `steps.csv` for each one and `requests.csv` for each request.",
-        "",
+        *_composition(steps, summary),
         "## Plots",
         "",
         *[f"![{p.stem}]({p.as_posix()})" for p in plots],
@@ -81,9 +82,24 @@ def run_report(summary: dict, requests: pd.DataFrame, steps: pd.DataFrame, workl
         "",
         *[f"- {key}: {summary.get(key)}" for key in ENVIRONMENT_KEYS],
     ]
-    if len(rejected):
-        parts += ["", "## Rejected requests", "", *[
-            f"- request {row.request_id}: {row.reject_reason}" for row in rejected.itertuples()
+    if len(ended):
+        parts += ["", "## Rejected and failed requests", "", *[
+            f"- request {row.request_id} ({row.status}): {row.reject_reason}" for row in ended.itertuples()
         ]]
     return "\n".join(parts) + "\n"
+
+
+def _composition(steps: pd.DataFrame | None, summary: dict) -> list[str]:
+    if steps is None:
+        return ["## What the model computed", "",
+                f"{summary['runner']} runs its own engine, which reports no steps: padding, KV use and busy time "
+                "are not known (left empty in `summary.json`, never estimated).", ""]
+    composition = pd.DataFrame({
+        "tokens": [steps.num_prefill_tokens.sum(), steps.num_decode_tokens.sum(), steps.num_padding_tokens.sum()],
+    }, index=["prefill", "decode", "padding"])
+    composition["share"] = (composition.tokens / composition.tokens.sum()).map("{:.1%}".format)
+    return ["## What the model computed", "",
+            "Every token slot the model ran, by kind. Padding is compute spent on no request's sequence.", "",
+            composition.to_markdown(), "",
+            f"{summary['num_steps']} steps; see `steps.csv` for each one and `requests.csv` for each request.", ""]
 

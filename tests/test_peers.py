@@ -1,0 +1,105 @@
+"""Peers: transformers' `generate()` batches and continuous batching in process, and the live (wall-clock) replay
+every peer shares. The server runner has its own tests (test_openai_runner.py)."""
+
+import asyncio
+
+import pytest
+
+from harness.analysis import metrics
+from harness.config import compose_config
+from harness.core.records import RunRecords
+from harness.core.replay import replay
+from harness.job import run_job
+from harness.peers.hf_continuous import TransformersContinuous
+from harness.peers.hf_generate import GenerateBatches
+from harness.peers.live import live_replay
+from strategies import RequestStatus
+from tests.conftest import make_specs
+from tests.test_oracle import LENGTHS, generate
+
+
+def outstanding_at(requests, t):
+    return sum(r.sent_s <= t < r.finish_s for r in requests)
+
+
+def test_generate_batches_keep_each_requests_own_tokens_and_times(reference_model):
+    """Left-padded batches of 3 give each request the tokens `generate()` gives it alone, one time per token,
+    and the batch's requests wait for the batch: static batching, as users run it."""
+    specs = make_specs(LENGTHS)
+    peer = GenerateBatches(reference_model, batch_size=3, max_model_len=2048)
+    replay([peer], specs)
+    requests = sorted(peer.records.requests, key=lambda r: r.request_id)
+    for request, spec in zip(requests, specs):
+        assert request.status == RequestStatus.FINISHED
+        assert request.output_ids == generate(reference_model, spec)[0], f"request {spec.request_id}"
+        assert len(request.token_times_s) == spec.max_new_tokens
+        assert request.token_times_s == sorted(request.token_times_s)
+    first_batch_end = max(r.finish_s for r in requests[:3])
+    assert all(r.first_scheduled_s >= first_batch_end for r in requests[3:])  # nothing joins mid-batch
+
+
+def test_generate_batches_reject_what_the_context_cannot_hold(reference_model):
+    specs = make_specs([(10, 5), (30, 5)])
+    peer = GenerateBatches(reference_model, batch_size=2, max_model_len=32)
+    replay([peer], specs)
+    statuses = [r.status for r in sorted(peer.records.requests, key=lambda r: r.request_id)]
+    assert statuses == [RequestStatus.FINISHED, RequestStatus.REJECTED]
+    assert "exceeds the model's context of 32" in peer.records.requests[1].reject_reason
+
+
+def test_transformers_continuous_batching_gives_every_request_its_length(reference_model):
+    specs = make_specs(LENGTHS)
+    records = RunRecords()
+    with TransformersContinuous(reference_model, max_batch_tokens=32, max_num_seqs=4, block_size=16,
+                                num_blocks=64) as peer:
+        asyncio.run(live_replay(specs, peer.submit, records, max_concurrency=4))
+    requests = sorted(records.requests, key=lambda r: r.request_id)
+    assert [r.status for r in requests] == [RequestStatus.FINISHED] * len(specs)
+    for request, spec in zip(requests, specs):
+        assert request.num_output_tokens == spec.max_new_tokens == len(request.token_times_s)
+        assert request.sent_s <= request.token_times_s[0] <= request.finish_s
+        assert request.output_ids == generate(reference_model, spec)[0], f"request {spec.request_id}"
+    events = sorted({r.sent_s for r in requests})
+    assert max(outstanding_at(requests, t) for t in events) <= 4
+
+
+def test_the_live_replay_keeps_the_client_and_turns_errors_into_failed_requests():
+    """A closed loop of 2 over wall time; one request's error fails it alone, with its reason."""
+
+    async def submit(request, clock):
+        await asyncio.sleep(0.02)
+        if request.request_id == 2:
+            raise ConnectionError("the server went away")
+        request.token_ids.append(7)
+        request.token_times_s.append(clock())
+        request.finish_s = clock()
+        request.status = RequestStatus.FINISHED
+
+    records = RunRecords()
+    asyncio.run(live_replay(make_specs([(4, 1)] * 6), submit, records, max_concurrency=2))
+    requests = sorted(records.requests, key=lambda r: r.request_id)
+    assert [r.status for r in requests].count(RequestStatus.FAILED) == 1
+    assert requests[2].reject_reason == "ConnectionError: the server went away"
+    assert max(outstanding_at(requests, r.sent_s) for r in requests) <= 2
+    assert requests[-1].sent_s >= 0.04  # two rounds of 20 ms went before it
+
+
+def test_a_peer_summary_leaves_what_it_cannot_know_empty(tmp_path):
+    summary = run_job(compose_config(["runner=hf_generate", "workload=random", "workload.num_requests=4",
+                                      "workload.input_len=8", "workload.output_len=3", "progress=false"]), tmp_path)
+    assert summary["num_finished"] == 4 and summary["strategy"] == "hf_generate"
+    for key in metrics.ENGINE_SIDE:
+        assert summary[key] is None, key
+    assert summary["output_throughput_tps"] > 0 and summary["ttft_s_p50"] > 0
+    assert not (tmp_path / "steps.csv").exists()
+    assert "reports no steps" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.parametrize("system", ["static", "hf_generate", "transformers_serve"])
+def test_a_system_sets_the_runner_and_strategy_together(system):
+    cfg = compose_config([f"system={system}"])
+    expected = {"static": ("real", "static"), "hf_generate": ("hf_generate", None),
+                "transformers_serve": ("openai", None)}[system]
+    assert cfg.runner.name == expected[0]
+    if expected[1]:
+        assert cfg.strategy.name == expected[1]
