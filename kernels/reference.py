@@ -82,15 +82,17 @@ def ragged_paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 
 
 def padded_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_lens: torch.Tensor,
-                           seq_lens_k: torch.Tensor, block_table: torch.Tensor, scale: float) -> torch.Tensor:
+                           seq_lens_k: torch.Tensor, block_table: torch.Tensor, scale: float,
+                           max_seqlen_k: int | None = None) -> torch.Tensor:
     """Attention for a left-padded `[B, L]` rectangle, computed in full as a padded engine does.
 
     q `[B, H_q, L, D]` → `[B, L, H_q, D]`. Row b's real queries are its last query_lens[b] positions; it attends
     over its first seq_lens_k[b] cached tokens. Pad queries still run (over no visible key: a uniform average),
-    since padding is real compute; their outputs are never read.
+    since padding is real compute; their outputs are never read. `max_seqlen_k`, when the caller knows it on the
+    host, spares a device sync per layer.
     """
     width = q.shape[2]
-    k_max = max(int(seq_lens_k.max()), 1)
+    k_max = max(int(seq_lens_k.max()) if max_seqlen_k is None else max_seqlen_k, 1)
     k = gather_kv_padded(k_cache, block_table, k_max)  # [B, K, H_kv, D]
     v = gather_kv_padded(v_cache, block_table, k_max)
     key_pos = torch.arange(k_max, device=q.device)  # [K]

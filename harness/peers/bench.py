@@ -26,9 +26,9 @@ SYSTEMS = [("static", ["strategy=static"]), ("continuous", ["strategy=continuous
 RATIOS = [("continuous", "hf_continuous", 1.5), ("continuous", "hf_generate", 2.5), ("static", "hf_generate", 1.0)]
 
 
-def run_round(workload: list[str], out: Path, round_index: int) -> dict[str, dict]:
+def run_round(systems: list, workload: list[str], out: Path, round_index: int) -> dict[str, dict]:
     results = {}
-    for name, overrides in SYSTEMS:
+    for name, overrides in systems:
         cfg = compose_config([*overrides, *workload, "progress=false"])
         results[name] = run_job(cfg, out / f"{round_index}-{name}")
     return results
@@ -43,22 +43,27 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--systems", nargs="+", choices=[name for name, _ in SYSTEMS],
+                        default=[name for name, _ in SYSTEMS], help="a subset, e.g. static hf_generate")
     args = parser.parse_args()
+    systems = [(name, overrides) for name, overrides in SYSTEMS if name in args.systems]
     logging.disable(logging.INFO)
     workload = ["workload=sharegpt", f"workload.num_requests={args.requests}",
                 f"workload.max_concurrency={args.concurrency}", f"concurrency={args.concurrency}"]
     rounds = []
     with tempfile.TemporaryDirectory() as out:
         for i in range(args.rounds):
-            rounds.append(run_round(workload, Path(out), i))
+            rounds.append(run_round(systems, workload, Path(out), i))
     print(f"\n{args.rounds} interleaved rounds, {args.requests} ShareGPT-profile requests, client concurrency "
           f"{args.concurrency}, {torch.get_num_threads()} threads; median (min-max)")
-    throughput = {name: [r[name]["output_throughput_tps"] for r in rounds] for name, _ in SYSTEMS}
-    ttft = {name: [r[name]["ttft_s_p50"] for r in rounds] for name, _ in SYSTEMS}
-    for name, _ in SYSTEMS:
+    throughput = {name: [r[name]["output_throughput_tps"] for r in rounds] for name, _ in systems}
+    ttft = {name: [r[name]["ttft_s_p50"] for r in rounds] for name, _ in systems}
+    for name, _ in systems:
         print(f"  {name:<14} {spread(throughput[name], '{:.0f}')} output tok/s   TTFT p50 "
               f"{spread([1e3 * t for t in ttft[name]], '{:.0f}')} ms")
     for ours, peer, target in RATIOS:
+        if ours not in throughput or peer not in throughput:
+            continue
         ratios = [a / b for a, b in zip(throughput[ours], throughput[peer])]  # within a round: side by side
         verdict = "meets" if statistics.median(ratios) >= target else "misses"
         print(f"  {ours} / {peer}: {spread(ratios, '{:.2f}')}x output throughput ({verdict} the {target}x target)")

@@ -26,6 +26,7 @@ class BatchMeta:
     cu_seqlens_q: torch.Tensor | None = None  # ragged: [S + 1]
     max_seqlen_q: int = 0  # ragged: longest chunk, known on the host so the kernel launch needs no sync
     query_lens: torch.Tensor | None = None  # padded: [B] real (right-aligned) tokens per row
+    max_seqlen_k: int | None = None  # padded: the longest row's cached tokens, known on the host
 
 
 def paged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, batch_meta=None,
@@ -38,7 +39,7 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
     store_kv(key_tokens, value_tokens, k_cache, v_cache, batch_meta.slot_mapping, batch_meta.backend)
     if batch_meta.padded:
         out = padded_paged_attention(query, k_cache, v_cache, batch_meta.query_lens, batch_meta.seq_lens_k,
-                                     batch_meta.block_table, scaling)
+                                     batch_meta.block_table, scaling, batch_meta.max_seqlen_k)
         return out, None
     out = ragged_paged_attention(query[0].transpose(0, 1), k_cache, v_cache, batch_meta.cu_seqlens_q,
                                  batch_meta.seq_lens_k, batch_meta.block_table, scaling, batch_meta.backend,

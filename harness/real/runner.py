@@ -79,28 +79,35 @@ class RealRunner:
         return self._tensor([ids]), self._tensor([positions]), meta, self._tensor(keep), sampling_rows
 
     def _padded_inputs(self, plan: BatchPlan):
-        rows, width = plan.num_rows, plan.row_width
-        ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long)  # [B, L]
-        positions = torch.zeros((rows, width), dtype=torch.long)
-        slots = torch.full((rows, width), -1, dtype=torch.long)
-        query_lens, seq_lens_k, tables, sampling_rows = [0] * rows, [0] * rows, [[]] * rows, []
-        for b, request in enumerate(plan.idle_rows, start=len(plan.chunks)):  # all padding, over its own rows
-            tables[b] = self.allocator.block_tables[request.request_id]
-            seq_lens_k[b] = request.num_computed_tokens
+        width = plan.row_width
+        # Rows as host lists, left-padded, then one tensor each: a tensor per row would cost more than the step's
+        # attention on a small model (and a host-to-device copy each on a GPU).
+        ids, positions, slots, query_lens, seq_lens_k, tables, sampling_rows = [], [], [], [], [], [], []
         for b, chunk in enumerate(plan.chunks):
             request, n, end = chunk.request, chunk.num_tokens, chunk.start + chunk.num_tokens
-            ids[b, width - n:] = torch.tensor(request.token_ids[chunk.start:end])
-            positions[b, width - n:] = torch.arange(chunk.start, end)
-            slots[b, width - n:] = torch.tensor(self.allocator.slots(request.request_id, chunk.start, end))
-            query_lens[b], seq_lens_k[b] = n, end
-            tables[b] = self.allocator.block_tables[request.request_id]
+            pad = width - n
+            ids.append([self.pad_token_id] * pad + request.token_ids[chunk.start:end])
+            positions.append([0] * pad + list(range(chunk.start, end)))
+            slots.append([-1] * pad + self.allocator.slots(request.request_id, chunk.start, end))
+            query_lens.append(n)
+            seq_lens_k.append(end)
+            tables.append(self.allocator.block_tables[request.request_id])
             if chunk.samples:
                 sampling_rows.append(b)
-        meta = BatchMeta(kv_caches=self.kv_caches, slot_mapping=slots.flatten().to(self.device),
+        for request in plan.idle_rows:  # all padding, over its own rows
+            ids.append([self.pad_token_id] * width)
+            positions.append([0] * width)
+            slots.append([-1] * width)
+            query_lens.append(0)
+            seq_lens_k.append(request.num_computed_tokens)
+            tables.append(self.allocator.block_tables[request.request_id])
+        ids, positions, slots = self._tensor(ids), self._tensor(positions), self._tensor(slots)  # [B, L] each
+        meta = BatchMeta(kv_caches=self.kv_caches, slot_mapping=slots.flatten(),
                          seq_lens_k=self._tensor(seq_lens_k), block_table=self._block_table(tables), padded=True,
-                         backend=self.kernel_backend, query_lens=self._tensor(query_lens))
+                         backend=self.kernel_backend, query_lens=self._tensor(query_lens),
+                         max_seqlen_k=max(seq_lens_k))
         keep = self._tensor([width - 1])
-        return ids.to(self.device), positions.to(self.device), meta, keep, sampling_rows
+        return ids, positions, meta, keep, sampling_rows
 
     def _tensor(self, values) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
