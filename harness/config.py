@@ -177,11 +177,14 @@ class BuiltModel(Strict):
 
 
 class DescribedModel(Strict):
-    """Described by its published config, never loaded."""
+    """Described by its published config: simulated, or run for real with seeded random weights (timings real,
+    outputs meaningless)."""
 
     name: str
     source: Literal["config"]
     config: ModelShape
+    weights: Literal["random"] = "random"
+    seed: Seed = 0
 
 
 class HubModel(Strict):
@@ -190,6 +193,8 @@ class HubModel(Strict):
     name: str
     source: Literal["hf"]
     trust_remote_code: bool = False
+    weights: Literal["pretrained", "random"] = "pretrained"  # random: its config.json only, nothing downloaded
+    seed: Seed = 0
 
 
 ModelConfig = Annotated[BuiltModel | DescribedModel | HubModel, Field(discriminator="source")]
@@ -227,9 +232,6 @@ class RunConfig(Strict):
     def _across_keys(self):
         if self.runner.name == "sim" and self.stop_at_eos:
             raise ValueError("stop_at_eos needs runner=real: a simulation computes no tokens, so sees no EOS")
-        if self.runner.name in ("real", "hf_generate", "hf_continuous") and self.model.source == "config":
-            raise ValueError(f"model={self.model.name} is only described by its config, with no weights: use "
-                             "runner=sim, or model=hf model.name=<hub id or path> to run a real model")
         return self
 
 

@@ -56,7 +56,8 @@ def run_job(raw: DictConfig, run_dir: Path) -> dict:
               "concurrency": replicas[0].strategy.max_concurrency, "max_concurrency": cfg.workload.max_concurrency,
               "engine_caps": replicas[0].caps_source, "num_blocks": replicas[0].allocator.num_blocks,
               "block_size": cfg.kv_cache.block_size, "replicas": len(replicas),
-              "cost_model": type(replicas[0].runner.cost_model).__name__ if cfg.runner.name == "sim" else None}
+              "cost_model": type(replicas[0].runner.cost_model).__name__ if cfg.runner.name == "sim" else None,
+              "weights": _weights(cfg)}
     tables = [_tables(engine) for engine in replicas]
     requests = pd.concat([t[0] for t in tables]).sort_values("request_id").reset_index(drop=True)
     steps = pd.concat([t[1].assign(replica=i) for i, t in enumerate(tables)], ignore_index=True)
@@ -188,6 +189,15 @@ def _replica(cfg: RunConfig, make_runner, num_blocks: int, max_model_len: int, e
     if auto:
         log.info("engine caps: %s = %s (%s)", ", ".join(auto), ", ".join(str(options[k]) for k in auto), whose)
     return engine
+
+
+def _weights(cfg: RunConfig) -> str | None:
+    """What the run's outputs mean: a real run on random weights has real timings and meaningless tokens."""
+    if cfg.runner.name == "sim":
+        return None
+    from harness.real.model import has_random_weights
+
+    return "random (outputs meaningless, timings real)" if has_random_weights(cfg.model) else "pretrained"
 
 
 def load_workload(cfg: RunConfig, vocab_size: int, tokenizer, max_model_len: int):

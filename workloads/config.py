@@ -221,8 +221,13 @@ def one_line(error: ValidationError, data, prefix: str = "") -> str:
     problems = sorted(error.errors(), key=lambda p: (p["type"] != "extra_forbidden", len(p["loc"])))
     problem = problems[0]
     key, node, parent = [prefix] if prefix else [], data, None
-    for part in problem["loc"]:
-        if isinstance(node, dict) and part in node:
+    loc = problem["loc"]
+    for i, part in enumerate(loc):
+        following = loc[i + 1] if i + 1 < len(loc) else None
+        # A tag that is also a key name (`config` of `source: config`): the next part is this node's key instead.
+        is_tag = isinstance(node, dict) and following in node and not (
+            isinstance(node.get(part), dict) and following in node[part])
+        if isinstance(node, dict) and part in node and not is_tag:
             key.append(str(part))
             node, parent = node[part], node
         elif isinstance(node, list) and isinstance(part, int):

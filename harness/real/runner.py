@@ -44,9 +44,14 @@ class RealRunner:
         self.allocator.free(request.request_id)
 
     def execute(self, plan: BatchPlan) -> StepResult:
-        start = time.perf_counter()
+        """One forward pass. `duration_s` (the step's busy time) is the model's alone: the clock starts once the
+        inputs are on the device and stops after the device has finished (the sampled tokens' copy to the host
+        waits for it), so building inputs counts as the harness's own time."""
         build = self._padded_inputs if plan.padded else self._ragged_inputs
         input_ids, position_ids, meta, keep, sampling_rows = build(plan)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the inputs' copy is not the model's time
+        start = time.perf_counter()
         with torch.inference_mode():
             logits = self.model(input_ids=input_ids, position_ids=position_ids, batch_meta=meta, use_cache=False,
                                 logits_to_keep=keep).logits
@@ -54,7 +59,7 @@ class RealRunner:
         logits = logits[0] if not plan.padded else logits[:, -1]
         chosen = [plan.chunks[i].request.request_id for i in sampling_rows]
         rows = logits if not plan.padded else logits[sampling_rows]
-        tokens = rows.argmax(dim=-1).tolist()  # the host copy also synchronises the device before timing stops
+        tokens = rows.argmax(dim=-1).tolist()  # the one sync a step needs: the host copy of the sampled tokens
         duration = time.perf_counter() - start
         kept = {rid: row.float().cpu() for rid, row in zip(chosen, rows)} if self.keep_logits else {}
         return StepResult(sampled=dict(zip(chosen, tokens)), duration_s=duration, logits=kept)
@@ -72,46 +77,54 @@ class RealRunner:
             if chunk.samples:
                 keep.append(cu_seqlens[-1] - 1)
                 sampling_rows.append(i)
-        meta = BatchMeta(kv_caches=self.kv_caches, slot_mapping=self._tensor(slots),
-                         seq_lens_k=self._tensor(seq_lens_k), block_table=self._block_table(tables), padded=False,
-                         backend=self.kernel_backend, cu_seqlens_q=self._tensor(cu_seqlens),
-                         max_seqlen_q=max(c.num_tokens for c in plan.chunks))
-        return self._tensor([ids]), self._tensor([positions]), meta, self._tensor(keep), sampling_rows
+        ids, positions, slots, cu_seqlens, seq_lens_k, keep, table = self._on_device(
+            ids, positions, slots, cu_seqlens, seq_lens_k, keep, self._padded_table(tables))
+        meta = BatchMeta(kv_caches=self.kv_caches, slot_mapping=slots, seq_lens_k=seq_lens_k,
+                         block_table=table.view(len(tables), -1), padded=False, backend=self.kernel_backend,
+                         cu_seqlens_q=cu_seqlens, max_seqlen_q=max(c.num_tokens for c in plan.chunks))
+        return ids[None], positions[None], meta, keep, sampling_rows
 
     def _padded_inputs(self, plan: BatchPlan):
         width = plan.row_width
-        # Rows as host lists, left-padded, then one tensor each: a tensor per row would cost more than the step's
-        # attention on a small model (and a host-to-device copy each on a GPU).
+        # Rows as host lists, left-padded, then one copy for the whole step: a tensor per row would cost more
+        # than the step's attention on a small model (and a host-to-device copy each on a GPU).
         ids, positions, slots, query_lens, seq_lens_k, tables, sampling_rows = [], [], [], [], [], [], []
         for b, chunk in enumerate(plan.chunks):
             request, n, end = chunk.request, chunk.num_tokens, chunk.start + chunk.num_tokens
             pad = width - n
-            ids.append([self.pad_token_id] * pad + request.token_ids[chunk.start:end])
-            positions.append([0] * pad + list(range(chunk.start, end)))
-            slots.append([-1] * pad + self.allocator.slots(request.request_id, chunk.start, end))
+            ids += [self.pad_token_id] * pad + request.token_ids[chunk.start:end]
+            positions += [0] * pad + list(range(chunk.start, end))
+            slots += [-1] * pad + self.allocator.slots(request.request_id, chunk.start, end)
             query_lens.append(n)
             seq_lens_k.append(end)
             tables.append(self.allocator.block_tables[request.request_id])
             if chunk.samples:
                 sampling_rows.append(b)
         for request in plan.idle_rows:  # all padding, over its own rows
-            ids.append([self.pad_token_id] * width)
-            positions.append([0] * width)
-            slots.append([-1] * width)
+            ids += [self.pad_token_id] * width
+            positions += [0] * width
+            slots += [-1] * width
             query_lens.append(0)
             seq_lens_k.append(request.num_computed_tokens)
             tables.append(self.allocator.block_tables[request.request_id])
-        ids, positions, slots = self._tensor(ids), self._tensor(positions), self._tensor(slots)  # [B, L] each
-        meta = BatchMeta(kv_caches=self.kv_caches, slot_mapping=slots.flatten(),
-                         seq_lens_k=self._tensor(seq_lens_k), block_table=self._block_table(tables), padded=True,
-                         backend=self.kernel_backend, query_lens=self._tensor(query_lens),
-                         max_seqlen_k=max(seq_lens_k))
-        keep = self._tensor([width - 1])
-        return ids, positions, meta, keep, sampling_rows
+        ids, positions, slots, query_lens, seq_lens_k, keep, table = self._on_device(
+            ids, positions, slots, query_lens, seq_lens_k, [width - 1], self._padded_table(tables))
+        rows = len(query_lens)
+        meta = BatchMeta(kv_caches=self.kv_caches, slot_mapping=slots, seq_lens_k=seq_lens_k,
+                         block_table=table.view(rows, -1), padded=True, backend=self.kernel_backend,
+                         query_lens=query_lens, max_seqlen_k=max(seq_lens_k))
+        return ids.view(rows, width), positions.view(rows, width), meta, keep, sampling_rows  # [B, L] each
 
-    def _tensor(self, values) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=self.device)
+    def _on_device(self, *parts: list[int]) -> list[torch.Tensor]:
+        """Several host lists of ints as device tensors, through one host buffer (pinned on a GPU) and one
+        asynchronous copy: a step's inputs cost one transfer, not one per tensor."""
+        sizes = [len(p) for p in parts]
+        host = torch.tensor([x for p in parts for x in p], dtype=torch.long,
+                            pin_memory=self.device.type == "cuda")
+        return list(host.to(self.device, non_blocking=True).split(sizes))
 
-    def _block_table(self, tables: list[list[int]]) -> torch.Tensor:
+    @staticmethod
+    def _padded_table(tables: list[list[int]]) -> list[int]:
+        """Block tables flattened row by row, each padded with -1 to the longest: `[S * max_blocks]`."""
         width = max(1, max(len(t) for t in tables))
-        return self._tensor([t + [-1] * (width - len(t)) for t in tables])  # [S, max_blocks]
+        return [block for t in tables for block in (*t, *[-1] * (width - len(t)))]

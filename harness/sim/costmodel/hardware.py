@@ -65,6 +65,19 @@ def serving_defaults(name: str, memory_bytes: float) -> tuple[int, int]:
     return 256, 2048
 
 
+# How a GPU names itself (torch.cuda.get_device_name) → its catalogue entry, most specific first.
+DEVICE_NAMES = [("h200", "h200"), ("h100 pcie", "h100-pcie"), ("h100", "h100"), ("b200", "b200"), ("l40s", "l40s"),
+                ("l4", "l4"), ("4090", "rtx-4090"), ("mi300x", "mi300x")]
+
+
+def catalogue_name(device_name: str, memory_bytes: float) -> str | None:
+    """The catalogue entry for the GPU this process sees, or None for one the catalogue lacks."""
+    name = device_name.lower()
+    if "a100" in name:
+        return "a100-80gb" if memory_bytes > 50 * GIB else "a100-40gb"
+    return next((entry for fragment, entry in DEVICE_NAMES if fragment in name), None)
+
+
 def catalogue() -> list[str]:
     return sorted(p.stem for p in CATALOGUE_DIR.glob("*.yaml"))
 

@@ -1,0 +1,211 @@
+"""The prepared GPU check: `python -m harness.gpu_check [--dry-run] [--out DIR]`.
+
+One run on one GPU (about 5 minutes on an H200, start-up included), four sections, one folder:
+1. kernels: the kernel tests on the device, Triton compiled (the interpreter off);
+2. oracle: every strategy's greedy tokens against `generate()` on the device, in fp32 (exact) and in bf16 (tokens
+   equal up to the first near-tie, logits within bf16 error until then; both bounds defined below);
+3. kernel bench: the Triton kernel against the torch reference, SDPA per sequence and FlashAttention if installed;
+4. strategies: static, dynamic and continuous on random-weight 1B- and 8B-shaped Llamas with the ShareGPT profile
+   (tok/s, TTFT, padding waste, busy and overhead time), each beside the roofline simulator's prediction of the
+   same run on this GPU's catalogue entry.
+It writes `summary.md` and `summary.json` and exits non-zero if the kernels or the oracle fail.
+
+`--dry-run` runs the same sections on this CPU with tiny shapes and the torch reference (kernels interpreted), so
+the check cannot rot between GPU sessions: CI runs it (tests/test_gpu_check.py).
+"""
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from workloads import RequestSpec
+
+# bf16 keeps 8 bits of mantissa: a logit of magnitude m is known to about m * 2^-8. Ours and generate()'s
+# round differently along 2 x layers matmuls, so logits may differ by a few such units; a token choice may
+# differ only where the reference's top two logits are that close (a near-tie).
+BF16_UNIT = 2**-8
+BF16_LOGIT_TOLERANCE = 16 * BF16_UNIT  # x the largest |logit| of the step
+BF16_NEAR_TIE = 16 * BF16_UNIT  # x the largest |logit| of the step
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def check_kernels(device: str) -> dict:
+    """The kernel tests, as CI runs them but on `device` (CI interprets them on a CPU)."""
+    env = dict(os.environ)
+    if device == "cuda":
+        env.pop("TRITON_INTERPRET", None)
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/kernels"],
+                            cwd=ROOT, env=env, capture_output=True, text=True)
+    tail = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr[-300:]
+    return {"passed": result.returncode == 0, "result": tail, "seconds": round(time.perf_counter() - start, 1)}
+
+
+def check_oracle(device: str, dtype: torch.dtype, lengths: list[tuple[int, int]]) -> list[dict]:
+    """Each strategy's tokens against `generate()` per request, on tiny-llama in `dtype`."""
+    from harness.config import compose_config
+    from harness.core.replica import build_replica
+    from harness.real.model import build_random_model, model_config
+    from harness.real.runner import RealRunner
+
+    model_cfg = compose_config([]).model
+    ours = build_random_model(model_config(model_cfg), model_cfg.seed, device, dtype).eval()
+    reference = build_random_model(model_config(model_cfg), model_cfg.seed, device, dtype).eval()
+    reference.set_attn_implementation("sdpa")
+    gen = torch.Generator().manual_seed(0)
+    specs = [RequestSpec(i, 0.0, tuple(torch.randint(0, 8192, (p,), generator=gen).tolist()), n)
+             for i, (p, n) in enumerate(lengths)]
+    expected = {}
+    for spec in specs:
+        out = reference.generate(torch.tensor([spec.prompt_ids], device=device), max_new_tokens=spec.max_new_tokens,
+                                 do_sample=False, eos_token_id=None, pad_token_id=0, output_logits=True,
+                                 return_dict_in_generate=True)
+        expected[spec.request_id] = (out.sequences[0, len(spec.prompt_ids):].tolist(),
+                                     torch.stack([step[0] for step in out.logits]).float())
+    rows = []
+    for strategy, options in (("static", {"batch_size": 3}), ("dynamic", {"batch_size": 3}),
+                              ("continuous", {"max_batch_tokens": 16, "max_num_seqs": 4})):
+        kept: dict[int, list] = {}
+        engine = build_replica(strategy, options, lambda a, kept=kept: KeptLogits(RealRunner(ours, a, True), kept),
+                               num_blocks=256, block_size=4, max_model_len=2048)
+        records = engine.run(specs)
+        rows.append(_compare(strategy, str(dtype).removeprefix("torch."), records, kept, expected,
+                             exact=dtype == torch.float32))
+    return rows
+
+
+class KeptLogits:
+    """The real runner, keeping every sampled token's logits row per request for the comparison."""
+
+    measures_wall_time = True
+
+    def __init__(self, runner, kept: dict[int, list]):
+        self.runner, self.kept = runner, kept
+
+    def execute(self, plan):
+        result = self.runner.execute(plan)
+        for request_id, row in result.logits.items():
+            self.kept.setdefault(request_id, []).append(row)
+        return result
+
+
+def _compare(strategy: str, dtype: str, records, logits: dict, expected: dict, exact: bool) -> dict:
+    """fp32: every token equal. bf16: tokens equal up to the first near-tie (where the run may then diverge), and
+    logits within `BF16_LOGIT_TOLERANCE` of the reference's until there."""
+    equal = near_ties = mismatches = 0
+    worst = 0.0
+    for request in records.requests:
+        tokens, reference = expected[request.request_id]
+        ours = torch.stack(logits[request.request_id]).float().to(reference.device)  # [N, V]
+        for t, (mine, theirs) in enumerate(zip(request.output_ids, tokens)):
+            scale = reference[t].abs().max().item()
+            worst = max(worst, (ours[t] - reference[t]).abs().max().item() / scale)
+            if mine == theirs:
+                continue
+            gap = (reference[t, theirs] - reference[t, mine]).item() / scale
+            if not exact and gap <= BF16_NEAR_TIE:
+                near_ties += 1
+            else:
+                mismatches += 1
+            break
+        else:
+            equal += 1
+    within = exact or worst <= BF16_LOGIT_TOLERANCE
+    return {"strategy": strategy, "dtype": dtype, "requests_equal": equal, "near_ties": near_ties,
+            "mismatches": mismatches, "max_logit_error_rel": worst, "passed": mismatches == 0 and within}
+
+
+def check_bench(dry_run: bool) -> dict:
+    from kernels.bench import run_bench
+
+    shape = dict(decodes=4, ctx_min=32, ctx_max=64, prefill=16, prefill_ctx=32, heads=4, kv_heads=2, head_dim=32,
+                 dtype="float32", iters=3) if dry_run else {}
+    times = run_bench(**shape)
+    base = times.get("triton", times["torch reference"])
+    return {name: {"ms": 1e3 * t, "x_of_base": t / base} for name, t in times.items()}
+
+
+def check_strategies(models: list[str], device: str, hardware: str | None, workload: list[str],
+                     out: Path) -> list[dict]:
+    """Each strategy on each random-weight model, and the roofline's prediction of the same run beside it."""
+    from harness.config import compose_config
+    from harness.job import run_job
+
+    real_keys = [f"device={device}", "dtype=bfloat16" if device == "cuda" else "dtype=float32"]
+    rows = []
+    for model in models:
+        for strategy in ("static", "dynamic", "continuous"):
+            common = [f"model={model}", f"strategy={strategy}", *workload, "progress=false"]
+            real = run_job(compose_config([*common, *real_keys]), out / "runs" / f"{model}-{strategy}")
+            row = {"model": model, "strategy": strategy, "output_tok_s": real["output_throughput_tps"],
+                   "ttft_p50_s": real["ttft_s_p50"], "tpot_p50_s": real["tpot_s_p50"],
+                   "padding_waste": real["padding_waste"], "busy_s": real["busy_s"], "overhead_s": real["overhead_s"]}
+            if hardware:
+                sim = run_job(compose_config([*common, "runner=sim", f"runner.hardware={hardware}"]),
+                              out / "runs" / f"{model}-{strategy}-sim")
+                row |= {"sim_output_tok_s": sim["output_throughput_tps"], "sim_ttft_p50_s": sim["ttft_s_p50"],
+                        "sim_vs_real_tok_s": sim["output_throughput_tps"] / real["output_throughput_tps"]}
+            rows.append(row)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dry-run", action="store_true", help="this CPU, tiny shapes, the torch reference")
+    parser.add_argument("--out", type=Path, default=None, help="default results/gpu_check/<time>")
+    args = parser.parse_args()
+    logging.disable(logging.WARNING)
+    device = "cpu" if args.dry_run or not torch.cuda.is_available() else "cuda"
+    if device == "cpu" and not args.dry_run:
+        raise SystemExit("error: no CUDA device; use --dry-run to check the check on this CPU")
+    out = args.out or ROOT / "results" / "gpu_check" / time.strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    if args.dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"
+        models, hardware = ["tiny-llama"], "cpu"
+        workload = ["workload=sharegpt", "workload.num_requests=6", "workload.max_output_len=16", "concurrency=4"]
+        lengths = [(11, 6), (1, 5), (23, 3), (5, 1)]
+    else:
+        from harness.sim.costmodel.hardware import catalogue_name
+
+        props = torch.cuda.get_device_properties(0)
+        models, hardware = ["llama-3.2-1b", "llama-3.1-8b"], catalogue_name(props.name, props.total_memory)
+        workload = ["workload=sharegpt", "workload.num_requests=64", "workload.max_output_len=256"]
+        lengths = [(11, 6), (1, 5), (23, 3), (5, 1), (17, 9), (8, 4), (300, 40)]
+    summary = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (dry run)",
+               "torch": torch.__version__, "hardware_entry": hardware}
+    summary["kernels"] = check_kernels(device)
+    dtypes = [torch.float32] if device == "cpu" else [torch.float32, torch.bfloat16]
+    summary["oracle"] = [row for dtype in dtypes for row in check_oracle(device, dtype, lengths)]
+    summary["kernel_bench"] = check_bench(args.dry_run)
+    summary["strategies"] = check_strategies(models, device, hardware, workload, out)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    (out / "summary.md").write_text(_markdown(summary))
+    print(_markdown(summary))
+    print(f"gpu check: {out}")
+    passed = summary["kernels"]["passed"] and all(row["passed"] for row in summary["oracle"])
+    sys.exit(0 if passed else 1)
+
+
+def _markdown(summary: dict) -> str:
+    bench = pd.DataFrame(summary["kernel_bench"]).T
+    return "\n".join([
+        f"# GPU check: {summary['device']} (torch {summary['torch']}, roofline entry {summary['hardware_entry']})",
+        "", f"## Kernels\n\n{summary['kernels']['result']} ({summary['kernels']['seconds']} s)", "",
+        "## Oracle against generate()", "", pd.DataFrame(summary["oracle"]).to_markdown(index=False), "",
+        "## Kernel bench (one continuous-batching step)", "", bench.to_markdown(floatfmt=".3g"), "",
+        "## Strategies, real beside simulated", "",
+        pd.DataFrame(summary["strategies"]).to_markdown(index=False, floatfmt=".4g"), "",
+    ])
+
+
+if __name__ == "__main__":
+    main()
