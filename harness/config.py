@@ -83,6 +83,8 @@ class SimRunnerConfig(Strict):
     # The front end's serial work per request (one event loop parses, tokenizes and hands requests on one by one):
     # the least time between two requests reaching the engine.
     frontend_service_s: Annotated[Number, Field(ge=0, le=10)]
+    tensor_parallel: Count = 1  # GPUs of one node behind one engine (weights and KV heads split N ways)
+    calibration: str | None = None  # a YAML from `python -m harness.sim.calibrate`: its figures replace these
     replicas: Count = 1
     router: Literal[ROUTER_NAMES] = "round_robin"
 
@@ -239,6 +241,14 @@ def validate(cfg: DictConfig) -> RunConfig:
     """The typed config, or one `ConfigError` naming the key and the problem. Also checks what needs the
     machine or a file: the device, the kernel backend, the model's config (never its weights)."""
     data = plain_config(cfg)
+    runner = data.get("runner")
+    if isinstance(runner, dict) and runner.get("name") == "sim" and runner.get("calibration"):
+        from harness.sim.calibrate import load_calibration  # its figures, then validated as if typed
+
+        try:
+            data["runner"] = runner | load_calibration(runner["calibration"])
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     try:
         config = RunConfig.model_validate(data)
     except ValidationError as e:

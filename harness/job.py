@@ -56,6 +56,8 @@ def run_job(raw: DictConfig, run_dir: Path) -> dict:
               "concurrency": replicas[0].strategy.max_concurrency, "max_concurrency": cfg.workload.max_concurrency,
               "engine_caps": replicas[0].caps_source, "num_blocks": replicas[0].allocator.num_blocks,
               "block_size": cfg.kv_cache.block_size, "replicas": len(replicas),
+              "tensor_parallel": getattr(cfg.runner, "tensor_parallel", 1),
+              "num_gpus": len(replicas) * getattr(cfg.runner, "tensor_parallel", 1),
               "cost_model": type(replicas[0].runner.cost_model).__name__ if cfg.runner.name == "sim" else None,
               "weights": _weights(cfg)}
     tables = [_tables(engine) for engine in replicas]
@@ -176,6 +178,8 @@ def _replica(cfg: RunConfig, make_runner, num_blocks: int, max_model_len: int, e
              caps: tuple[tuple[int, int], str]) -> Engine:
     """A replica with the strategy's options, `auto` caps replaced by `caps` ((sequences, tokens), whose)."""
     (num_seqs, num_tokens), whose = caps
+    if num_seqs > num_blocks:  # `auto` fits the hardware: no more running requests than the cache has blocks
+        num_seqs, whose = num_blocks, f"{whose}, capped at the KV cache's {num_blocks} blocks"
     options = cfg.strategy.model_dump(exclude={"name"})
     auto = sorted(key for key, value in options.items() if value == "auto")
     options |= {key: num_tokens if key == "max_batch_tokens" else num_seqs for key in auto}

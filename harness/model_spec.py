@@ -35,26 +35,61 @@ class Architecture:
     vocab_size: int
     bytes_per_param: int
     tie_word_embeddings: bool = False  # one table serves as input embedding and LM head
+    # A mixture of experts (Mixtral's `num_local_experts`, Qwen's `num_experts`): each layer's MLP is one of
+    # `num_experts` gated MLPs of `intermediate_size` (Qwen's `moe_intermediate_size`), `experts_per_token` of
+    # them per token, chosen by a router. 0: a dense MLP.
+    num_experts: int = 0
+    experts_per_token: int = 0
 
     @classmethod
     def from_config(cls, config, bytes_per_param: int) -> "Architecture":
         num_heads = config_value(config, "num_attention_heads")
         hidden = config_value(config, "hidden_size")
+        # A Qwen-style MoE gives its experts their own size; Mixtral's experts are `intermediate_size` wide.
+        expert_size = config_value(config, "moe_intermediate_size", None)
         return cls(
             num_layers=config_value(config, "num_hidden_layers"), hidden_size=hidden,
-            intermediate_size=config_value(config, "intermediate_size"), num_heads=num_heads,
+            intermediate_size=expert_size or config_value(config, "intermediate_size"), num_heads=num_heads,
             num_kv_heads=config_value(config, "num_key_value_heads", num_heads),
             # Most configs name head_dim only when it differs from hidden_size / heads.
             head_dim=config_value(config, "head_dim", hidden // num_heads),
             vocab_size=config_value(config, "vocab_size"), bytes_per_param=bytes_per_param,
             tie_word_embeddings=bool(config_value(config, "tie_word_embeddings", False)),
+            num_experts=config_value(config, "num_local_experts", config_value(config, "num_experts", 0)) or 0,
+            experts_per_token=config_value(config, "num_experts_per_tok", 0) or 0,
         )
 
     @property
-    def layer_params(self) -> int:
+    def attention_params(self) -> int:
         q_out, kv_out = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        attention = self.hidden_size * (q_out + 2 * kv_out) + q_out * self.hidden_size
-        return attention + 3 * self.hidden_size * self.intermediate_size  # gated MLP: gate, up, down
+        return self.hidden_size * (q_out + 2 * kv_out) + q_out * self.hidden_size
+
+    @property
+    def mlp_params(self) -> int:
+        """One gated MLP (gate, up, down): the layer's, or one expert's."""
+        return 3 * self.hidden_size * self.intermediate_size
+
+    @property
+    def router_params(self) -> int:
+        return self.hidden_size * self.num_experts
+
+    @property
+    def layer_params(self) -> int:
+        """Every weight of a layer, each expert included: what memory holds."""
+        return self.attention_params + self.mlp_params * max(self.num_experts, 1) + self.router_params
+
+    @property
+    def active_layer_params(self) -> int:
+        """The weights one token multiplies in a layer: its `experts_per_token` experts, not all of them."""
+        experts = self.experts_per_token if self.num_experts else 1
+        return self.attention_params + self.mlp_params * experts + self.router_params
+
+    def experts_touched(self, num_tokens: int) -> float:
+        """Distinct experts a layer reads for `num_tokens` tokens, each routed to `experts_per_token` of
+        `num_experts` (uniform routing, the load-balancing loss's aim): E (1 - (1 - k/E)^T). 1 for a dense MLP."""
+        if not self.num_experts:
+            return 1.0
+        return self.num_experts * (1 - (1 - self.experts_per_token / self.num_experts) ** num_tokens)
 
     @property
     def embedding_params(self) -> int:
@@ -66,11 +101,11 @@ class Architecture:
         embeddings = (1 if self.tie_word_embeddings else 2) * self.embedding_params
         return (self.num_layers * self.layer_params + embeddings) * self.bytes_per_param
 
-    @property
-    def weight_bytes_read_per_step(self) -> int:
-        """What a forward pass streams from memory: every layer and the LM head. The input embedding is looked up,
-        a few rows per token, never read whole."""
-        return (self.num_layers * self.layer_params + self.embedding_params) * self.bytes_per_param
+    def weight_bytes_read(self, num_tokens: int) -> float:
+        """What a forward pass over `num_tokens` tokens streams from memory: every layer (of a MoE, the experts its
+        tokens touch) and the LM head. The input embedding is looked up, a few rows per token, never read whole."""
+        layer = self.attention_params + self.mlp_params * self.experts_touched(num_tokens) + self.router_params
+        return (self.num_layers * layer + self.embedding_params) * self.bytes_per_param
 
     @property
     def kv_bytes_per_token(self) -> int:

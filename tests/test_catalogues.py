@@ -28,6 +28,7 @@ PARAMETERS_B = {
     "qwen3-0.6b": 0.60,
     "qwen2.5-0.5b": 0.49,
     "llama-3.2-1b": 1.24,
+    "mixtral-8x7b": 46.7,
 }
 
 

@@ -14,7 +14,8 @@ from matplotlib import ticker
 from harness.analysis.plots import save_figure
 from harness.analysis.results import RunStatus, folder_in_use, read_status, write_csv, write_text
 
-COLUMNS = ["status", "strategy", "workload", "arrival", "rate", "concurrency", "num_finished", "num_rejected",
+COLUMNS = ["status", "strategy", "workload", "arrival", "rate", "concurrency", "num_gpus", "num_finished",
+           "num_rejected",
            "num_preemptions", "request_throughput_rps", "output_throughput_tps", "goodput_rps", "ttft_s_p50",
            "ttft_s_p99", "tpot_s_p50", "tpot_s_p99", "e2e_s_p50", "padding_waste", "kv_peak_utilization",
            "makespan_s", "error"]

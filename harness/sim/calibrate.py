@@ -7,10 +7,14 @@ set of runs. The simulator's defaults were chosen this way from published runs (
 README "Grounding").
 """
 
+import argparse
 import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
+import yaml
 
 from harness.analysis import metrics
 from harness.core.replay import replay
@@ -19,7 +23,7 @@ from harness.model_spec import Architecture, described_model
 from harness.sim.costmodel import RooflineCostModel
 from harness.sim.costmodel.hardware import get_hardware
 from harness.sim.engine import SimEngine
-from harness.sim.measured import MeasuredRun
+from harness.sim.measured import MeasuredRun, MeasuredRunError, load_measured
 from harness.sim.runner import SimRunner
 
 BLOCK_SIZE = 16  # vLLM's default
@@ -42,14 +46,8 @@ def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
     config = described_model(run.model)
     arch = Architecture.from_config(config, 2)  # bfloat16
     hardware = get_hardware(run.hardware)
-    costs = RooflineCostModel(
-        arch,
-        hardware,
-        params.compute_efficiency,
-        params.memory_efficiency,
-        params.step_overhead_s,
-        params.seq_overhead_s,
-    )
+    costs = RooflineCostModel(arch, hardware, params.compute_efficiency, params.memory_efficiency,
+                              params.step_overhead_s, params.seq_overhead_s, run.tensor_parallel)
     default_seqs, default_tokens = hardware.serving_defaults
     options = {
         "max_num_seqs": run.max_num_seqs or default_seqs,
@@ -130,3 +128,73 @@ def fit(runs: list[MeasuredRun], start: RooflineParams, max_evaluations: int = 4
         options={"xtol": 1e-3, "ftol": 1e-4, "maxfev": max_evaluations},
     )
     return params(result.x), float(result.fun)
+
+
+def default_params(hardware: str) -> RooflineParams:
+    """The simulator's defaults (`conf/runner/sim.yaml`), with `hardware`'s compute efficiency."""
+    from harness.config import compose_config
+
+    runner = compose_config(["runner=sim"]).runner
+    efficiency = runner.compute_efficiency
+    return RooflineParams(get_hardware(hardware).compute_efficiency if efficiency == "auto" else efficiency,
+                          runner.memory_efficiency, runner.step_overhead_s, runner.seq_overhead_s,
+                          runner.frontend_latency_s, runner.frontend_service_s)
+
+
+def error_table(runs: list[MeasuredRun], params: RooflineParams, role: str) -> pd.DataFrame:
+    """One row per run: its relative error per matched metric."""
+    return pd.DataFrame([{"run": run.name, "role": role, **relative_errors(run, simulate(run, params))}
+                         for run in runs])
+
+
+def load_calibration(path: str | Path) -> dict:
+    """The figures a calibration YAML sets (`runner.calibration=<file>`); ValueError naming what is wrong."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"runner.calibration: cannot read {str(path)!r}: {e}") from None
+    figures = data.get("params") if isinstance(data, dict) else None
+    if not isinstance(figures, dict) or set(figures) != set(asdict(BOUNDS)):
+        raise ValueError(f"runner.calibration: {str(path)!r} is not a file written by python -m "
+                         f"harness.sim.calibrate (its params must be {', '.join(asdict(BOUNDS))})")
+    return figures
+
+
+def _measured(paths: list[str]) -> list[MeasuredRun]:
+    files = [p for path in paths for p in (sorted(Path(path).glob("*.json")) if Path(path).is_dir() else [Path(path)])]
+    return [load_measured(p) for p in files]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description="Fit the simulator to measured runs (vllm bench serve --save-result --save-detailed JSONs with "
+                    "a setup block naming the GPU and model) and report its error on runs left out of the fit.")
+    parser.add_argument("runs", nargs="+", help="measured run JSONs, or folders of them, to fit")
+    parser.add_argument("--hold-out", nargs="*", default=[], help="runs to predict, not fitted")
+    parser.add_argument("--out", type=Path, default=Path("results") / "calibration.yaml")
+    parser.add_argument("--evaluations", type=int, default=300, help="the fit's budget of simulations per run set")
+    args = parser.parse_args()
+    try:
+        fitted, held_out = _measured(args.runs), _measured(args.hold_out)
+    except MeasuredRunError as e:
+        raise SystemExit(f"error: {e}") from None
+    start = default_params(fitted[0].hardware)
+    params, value = fit(fitted, start, args.evaluations)
+    table = pd.concat([error_table(fitted, params, "fitted"), error_table(held_out, params, "held out")])
+    worst = table.drop(columns=["run", "role"]).abs().max(axis=None)
+    if value > CONVERGED_LOSS:
+        raise SystemExit(f"error: the fit did not converge: its best parameters still miss by up to {worst:.0%} "
+                         f"(mean squared log error {value:.3f}); are these runs of one GPU, model and engine?")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(yaml.safe_dump({
+        "params": asdict(params), "fitted_on": [run.source for run in fitted],
+        "loss": value, "errors": table.set_index("run").round(4).to_dict(orient="index")}, sort_keys=False))
+    print(table.to_string(index=False, float_format=lambda x: f"{x:+.1%}"))
+    print(f"calibration: {args.out}  (use it: runner=sim runner.calibration={args.out})")
+
+
+# A fit whose mean squared log error stays above this (about 30% off on average) describes no system.
+CONVERGED_LOSS = 0.07
+
+if __name__ == "__main__":
+    main()

@@ -7,7 +7,13 @@ reads, and the new K/V written). So
     time = max(gemm FLOPs / (peak * compute_efficiency), weight bytes / (bandwidth * memory_efficiency))
          + max(attention FLOPs / (peak * compute_efficiency), KV bytes / (bandwidth * memory_efficiency))
 
-and the engine adds its own time per step: `step_overhead_s`, plus `seq_overhead_s` for each sequence in the step
+A mixture of experts reads, per layer, the experts its step's tokens are expected to touch (uniform top-k
+routing over T tokens), and computes only the experts each token is routed to. With `tensor_parallel` N, the GPUs
+of one node split every weight matrix and the KV heads N ways, each computing 1/N of the FLOPs over 1/N of the
+bytes, and two all-reduces per layer (after attention and after the MLP) move the step's activations between them
+over the node's GPU-to-GPU links: a ring all-reduce sends 2 (N-1)/N of the message each way.
+
+The engine adds its own time per step: `step_overhead_s`, plus `seq_overhead_s` for each sequence in the step
 (scheduling, sampling and output processing are per-request work on the CPU). Taking one max over the step's
 totals instead would let a compute-bound GEMM hide memory-bound attention, which no kernel does. The architecture
 comes from a transformers config, so a model can be described without ever being loaded.
@@ -17,11 +23,19 @@ from harness.model_spec import Architecture
 from harness.sim.costmodel.hardware import Hardware
 from harness.sim.costmodel.shape import StepShape
 
+# The fixed cost of one all-reduce between the GPUs of a node: NCCL's small-message all-reduce takes on the order
+# of 10 µs over NVLink (launch and synchronisation, whatever the size).
+ALLREDUCE_LATENCY_S = 10e-6
+
 
 class RooflineCostModel:
     def __init__(self, arch: Architecture, hardware: Hardware, compute_efficiency: float | None = None,
-                 memory_efficiency: float = 0.7, step_overhead_s: float = 0.0, seq_overhead_s: float = 0.0):
-        self.arch, self.hardware = arch, hardware
+                 memory_efficiency: float = 0.7, step_overhead_s: float = 0.0, seq_overhead_s: float = 0.0,
+                 tensor_parallel: int = 1):
+        if arch.num_kv_heads % tensor_parallel:
+            raise ValueError(f"runner.tensor_parallel={tensor_parallel} does not divide the model's "
+                             f"{arch.num_kv_heads} KV heads: each GPU must hold whole heads")
+        self.arch, self.hardware, self.tensor_parallel = arch, hardware, tensor_parallel
         # None: the share the hardware file gives for its GPU class (see `Hardware.compute_efficiency`).
         self.compute_efficiency = compute_efficiency or hardware.compute_efficiency
         self.memory_efficiency = memory_efficiency
@@ -33,7 +47,7 @@ class RooflineCostModel:
 
     def gemm_flops(self, shape: StepShape) -> float:
         a = self.arch
-        return 2 * a.num_layers * a.layer_params * shape.num_tokens + 2 * a.embedding_params * shape.num_sampled
+        return 2 * a.num_layers * a.active_layer_params * shape.num_tokens + 2 * a.embedding_params * shape.num_sampled
 
     def attention_flops(self, shape: StepShape) -> float:
         a = self.arch
@@ -47,21 +61,37 @@ class RooflineCostModel:
         return self.gemm_flops(shape) + self.attention_flops(shape)
 
     def bytes(self, shape: StepShape) -> float:
-        return self.arch.weight_bytes_read_per_step + self.kv_bytes(shape)
+        return self.arch.weight_bytes_read(shape.num_tokens) + self.kv_bytes(shape)
+
+    def allreduce_s(self, shape: StepShape) -> float:
+        """Two ring all-reduces per layer of the step's activations `[T, hidden]`; none on one GPU."""
+        n = self.tensor_parallel
+        if n == 1:
+            return 0.0
+        message = shape.num_tokens * self.arch.hidden_size * self.arch.bytes_per_param
+        one_way = self.hardware.interconnect_bandwidth / 2  # the catalogue gives both directions together
+        return 2 * self.arch.num_layers * (ALLREDUCE_LATENCY_S + 2 * (n - 1) / n * message / one_way)
 
     def predict(self, shape: StepShape) -> float:
-        """Seconds inside the model for a step of this shape (the engine's overhead is `step_overhead_s`)."""
-        compute_rate = self.hardware.peak_flops * self.compute_efficiency
-        memory_rate = self.hardware.memory_bandwidth * self.memory_efficiency
-        gemm = max(self.gemm_flops(shape) / compute_rate, self.arch.weight_bytes_read_per_step / memory_rate)
+        """Seconds inside the model for a step of this shape (the engine's overhead is `step_overhead_s`): each
+        GPU's share of the kernels, and the all-reduces between them."""
+        n = self.tensor_parallel
+        compute_rate = self.hardware.peak_flops * self.compute_efficiency * n
+        memory_rate = self.hardware.memory_bandwidth * self.memory_efficiency * n
+        gemm = max(self.gemm_flops(shape) / compute_rate, self.arch.weight_bytes_read(shape.num_tokens) / memory_rate)
         attention = max(self.attention_flops(shape) / compute_rate, self.kv_bytes(shape) / memory_rate)
-        return gemm + attention
+        return gemm + attention + self.allreduce_s(shape)
 
     def num_kv_blocks(self, block_size: int, memory_fraction: float) -> int:
-        """Blocks that fit in the accelerator's memory beside the weights."""
-        free = self.hardware.memory_bytes * memory_fraction - self.arch.weight_bytes
+        """Blocks that fit in the GPUs' memory beside the weights (split N ways, as the KV heads are)."""
+        n, weights = self.tensor_parallel, self.arch.weight_bytes
+        usable = self.hardware.memory_bytes * memory_fraction
+        free = n * usable - weights
         if free <= 0:
-            memory_gb = self.hardware.memory_bytes / 1e9
-            raise ValueError(f"the model's weights ({self.arch.weight_bytes / 1e9:.1f} GB) do not fit in "
-                             f"{memory_fraction:.0%} of {self.hardware.name}'s {memory_gb:.0f} GB")
+            gpus = f"{n} x {self.hardware.name}" if n > 1 else self.hardware.name
+            needed = next((k for k in range(n + 1, self.arch.num_kv_heads + 1)
+                           if self.arch.num_kv_heads % k == 0 and k * usable > weights * 1.1), None)
+            hint = f"; runner.tensor_parallel={needed} would hold them" if needed else ""
+            raise ValueError(f"the model's weights ({weights / 1e9:.1f} GB) do not fit in {memory_fraction:.0%} of "
+                             f"{gpus}'s {self.hardware.memory_bytes / 1e9:.0f} GB{hint}")
         return int(free // (block_size * self.arch.kv_bytes_per_token))

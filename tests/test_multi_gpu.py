@@ -1,0 +1,118 @@
+"""Tensor parallelism, mixtures of experts and calibration from measured runs, in the simulator."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from harness.config import ConfigError, compose_config, validate
+from harness.job import run_job
+from harness.model_spec import Architecture, described_model
+from harness.sim.calibrate import relative_errors, simulate
+from harness.sim.costmodel import RooflineCostModel, StepShape
+from harness.sim.costmodel.hardware import get_hardware
+from harness.sim.measured import load_measured
+from tests.conftest import ROOT
+from tests.test_catalogues import default_params
+
+MULTI_GPU = sorted((ROOT / "tests" / "fixtures" / "published" / "multi_gpu").glob("*.json"))
+H100 = get_hardware("h100")
+
+
+def arch(name: str) -> Architecture:
+    return Architecture.from_config(described_model(name), 2)
+
+
+def decode_step(num_seqs: int, context: int) -> StepShape:
+    return StepShape(padded=False, num_tokens=num_seqs, num_sampled=num_seqs, attention_pairs=num_seqs * context,
+                     kv_tokens_read=num_seqs * context, num_rows=num_seqs)
+
+
+def test_tensor_parallel_splits_the_work_and_adds_two_allreduces_a_layer():
+    one = RooflineCostModel(arch("llama-3.1-70b"), H100, 0.5, 0.7)
+    four = RooflineCostModel(arch("llama-3.1-70b"), H100, 0.5, 0.7, tensor_parallel=4)
+    step = decode_step(64, 1000)
+    message = 64 * 8192 * 2  # [T, hidden] in bf16
+    expected_allreduce = 2 * 80 * (10e-6 + 2 * 3 / 4 * message / (H100.interconnect_bandwidth / 2))
+    assert four.allreduce_s(step) == pytest.approx(expected_allreduce)
+    assert four.predict(step) == pytest.approx(one.predict(step) / 4 + expected_allreduce)
+    assert one.allreduce_s(step) == 0.0
+
+
+def test_a_70b_on_one_gpu_is_refused_and_runs_on_four(tmp_path):
+    overrides = ["runner=sim", "runner.hardware=h100", "model=llama-3.1-70b", "workload.num_requests=8",
+                 "progress=false"]
+    with pytest.raises(ConfigError, match=r"weights \(141.1 GB\) do not fit in 90% of H100-SXM's 80 GB; "
+                                          r"runner.tensor_parallel=4 would hold them"):
+        run_job(compose_config(overrides), tmp_path / "one")
+    summary = run_job(compose_config([*overrides, "runner.tensor_parallel=4"]), tmp_path / "four")
+    assert summary["num_finished"] == 8 and summary["num_gpus"] == 4
+
+
+def test_a_degree_that_does_not_divide_the_kv_heads_is_refused(tmp_path):
+    cfg = compose_config(["runner=sim", "runner.hardware=h100", "model=llama-3.1-70b", "runner.tensor_parallel=3",
+                          "progress=false"])
+    with pytest.raises(ConfigError, match="runner.tensor_parallel=3 does not divide the model's 8 KV heads"):
+        run_job(cfg, tmp_path)
+
+
+def test_a_mixture_of_experts_reads_the_experts_its_tokens_touch():
+    mixtral = arch("mixtral-8x7b")
+    assert mixtral.experts_touched(1) == pytest.approx(2)  # one token: its top-2
+    assert 7.5 < mixtral.experts_touched(16) < 8 and mixtral.experts_touched(4096) == pytest.approx(8)
+    one_token, big_batch = mixtral.weight_bytes_read(1), mixtral.weight_bytes_read(4096)
+    expert = mixtral.num_layers * mixtral.mlp_params * 2
+    assert big_batch - one_token == pytest.approx(6 * expert)  # 6 more experts a layer
+    total = mixtral.num_layers * mixtral.layer_params + 2 * mixtral.embedding_params
+    assert total / 1e9 == pytest.approx(46.7, rel=0.01)  # Mixtral-8x7B's published size
+    # Per token, FLOPs follow the active parameters (12.9B), not the total.
+    costs = RooflineCostModel(mixtral, H100, 0.5, 0.7, tensor_parallel=2)
+    active = mixtral.num_layers * mixtral.active_layer_params
+    assert costs.gemm_flops(decode_step(1, 0)) == pytest.approx(2 * active + 2 * mixtral.embedding_params)
+
+
+@pytest.mark.parametrize("path", [p for p in MULTI_GPU if "llama" in p.stem], ids=lambda p: p.stem)
+def test_the_defaults_predict_a_dense_tensor_parallel_run(path):
+    """A 70B on four H100s, never fitted: throughput and TPOT p50 within 15% (its TTFT is not: README)."""
+    run = load_measured(path)
+    errors = relative_errors(run, simulate(run, default_params()))
+    assert abs(errors["output_throughput_tps"]) <= 0.15 and abs(errors["tpot_s_p50"]) <= 0.15, errors
+
+
+def test_a_calibration_file_replaces_the_defaults_and_a_bad_one_is_named(tmp_path):
+    path = tmp_path / "calibration.yaml"
+    params = {"compute_efficiency": 0.5, "memory_efficiency": 0.8, "step_overhead_s": 0.001,
+              "seq_overhead_s": 1e-5, "frontend_latency_s": 0.01, "frontend_service_s": 0.001}
+    path.write_text(yaml.safe_dump({"params": params}))
+    runner = validate(compose_config(["runner=sim", "runner.hardware=h100", f"runner.calibration={path}"])).runner
+    assert (runner.compute_efficiency, runner.memory_efficiency, runner.step_overhead_s) == (0.5, 0.8, 0.001)
+    path.write_text(yaml.safe_dump({"params": {"compute_efficiency": 0.5}}))
+    with pytest.raises(ConfigError, match="is not a file written by python -m harness.sim.calibrate"):
+        validate(compose_config(["runner=sim", "runner.hardware=h100", f"runner.calibration={path}"]))
+
+
+def test_calibrate_fits_measured_runs_and_reports_the_held_out(tmp_path):
+    published = ROOT / "tests" / "fixtures" / "published"
+    out = tmp_path / "calibration.yaml"
+    result = subprocess.run([sys.executable, "-m", "harness.sim.calibrate",
+                             str(published / "kvcached-h100-qwen3-0.6b-rate-16.json"), "--hold-out",
+                             str(published / "lambda-h100-mistral-7b-10.json"), "--out", str(out),
+                             "--evaluations", "30"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    written = yaml.safe_load(out.read_text())
+    assert set(written["params"]) == {"compute_efficiency", "memory_efficiency", "step_overhead_s",
+                                      "seq_overhead_s", "frontend_latency_s", "frontend_service_s"}
+    assert written["errors"]["kvcached-h100-qwen3-0.6b-rate-16"]["output_throughput_tps"] == pytest.approx(0,
+                                                                                                           abs=0.05)
+    assert "held out" in result.stdout and "lambda-h100-mistral-7b-10" in result.stdout
+
+
+def test_calibrate_refuses_a_run_without_lengths(tmp_path):
+    bad = tmp_path / "bench.json"
+    bad.write_text(json.dumps({"num_prompts": 4, "output_throughput": 10.0, "hardware": "h100",
+                               "model": "llama-3.1-8b"}))
+    result = subprocess.run([sys.executable, "-m", "harness.sim.calibrate", str(bad)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "does not say its requests' lengths" in result.stderr
