@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -116,3 +117,16 @@ def test_calibrate_refuses_a_run_without_lengths(tmp_path):
     result = subprocess.run([sys.executable, "-m", "harness.sim.calibrate", str(bad)], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and "does not say its requests' lengths" in result.stderr
+
+
+def test_fidelity_reports_predicted_beside_measured(tmp_path):
+    published = ROOT / "tests" / "fixtures" / "published"
+    result = subprocess.run([sys.executable, "-m", "harness.sim.fidelity", "--measured",
+                             str(published / "kvcached-h100-qwen3-0.6b-rate-16.json"), "--out", str(tmp_path)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    table = pd.read_csv(tmp_path / "fidelity_measured.csv")
+    assert set(table.metric) >= {"output_throughput_tps", "tpot_s_p50", "ttft_s_p50"}
+    row = table[table.metric == "output_throughput_tps"].iloc[0]
+    assert row.error == pytest.approx((row.predicted - row.measured) / row.measured)
+    assert (tmp_path / "fidelity_measured.png").is_file()

@@ -4,6 +4,11 @@ For each strategy and arrival pattern it runs a workload on the real runner (twi
 this machine), then simulates the same workload with a profile calibrated here (made first if none is given),
 and reports each metric's relative error beside the real runs' own spread. The workload is not one the profile
 was built from: the profile measures synthetic grid steps, the check replays ShareGPT-like requests.
+
+`--measured PATH...` checks the simulator against runs measured elsewhere instead (vllm bench JSONs with a setup
+block, or folders of them: `tests/fixtures/published/`, your cluster's): each run's workload is simulated with the
+defaults (or `--calibration` YAML from `harness.sim.calibrate`) and every metric is reported predicted beside
+measured, with a plot.
 """
 
 import argparse
@@ -70,13 +75,52 @@ def plot_errors(table: pd.DataFrame, path: Path) -> None:
     save_figure(fig, path)
 
 
+def measured_fidelity(paths: list[str], calibration: Path | None, out: Path) -> pd.DataFrame:
+    """Per measured run and metric: measured, predicted, relative error; written as a table and a plot."""
+    from harness.sim.calibrate import RooflineParams, _measured, default_params, load_calibration, simulate
+
+    runs = _measured(paths)
+    rows = []
+    for run in runs:
+        params = RooflineParams(**load_calibration(calibration)) if calibration else default_params(run.hardware)
+        predicted = simulate(run, params)
+        rows += [{"run": run.name, "metric": metric, "measured": measured, "predicted": predicted[metric],
+                  "error": (predicted[metric] - measured) / measured} for metric, measured in run.metrics.items()]
+    table = pd.DataFrame(rows)
+    write_csv(out / "fidelity_measured.csv", table)
+    metrics = list(table.metric.unique())
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.6 * len(metrics), 3.6), squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        part = table[table.metric == metric]
+        ax.scatter(part.measured, part.predicted)
+        low, high = min(part.measured.min(), part.predicted.min()), max(part.measured.max(), part.predicted.max())
+        line = [low * 0.8, high * 1.25]
+        ax.plot(line, line, color="k", lw=0.8)
+        ax.fill_between(line, [x * 0.85 for x in line], [x * 1.15 for x in line], color="tab:green", alpha=0.1)
+        ax.set(xscale="log", yscale="log", title=metric, xlabel="measured", ylabel="predicted")
+    fig.suptitle("Simulator against measured runs (shaded: within 15%)", fontsize=11)
+    save_figure(fig, out / "fidelity_measured.png")
+    text = table.assign(error=table.error.map("{:+.1%}".format)).to_markdown(index=False, floatfmt=".4g")
+    write_text(out / "fidelity_measured.md", f"# Simulator against measured runs\n\n{text}\n\n"
+                                             "![predicted vs measured](fidelity_measured.png)\n")
+    print(text)
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--measured", nargs="+", help="measured runs (vllm bench JSONs or folders) instead of real "
+                                                      "runs here")
+    parser.add_argument("--calibration", type=Path, help="with --measured: a calibration YAML instead of defaults")
     parser.add_argument("--profile", type=Path, help="a profile CSV; default: make one first")
     parser.add_argument("--out", type=Path, default=Path("results") / "fidelity" / time.strftime("%Y%m%d-%H%M%S"))
     parser.add_argument("--repeats", type=int, default=2, help="real runs per case, for the spread")
     parser.add_argument("--quick", action="store_true", help="tiny workloads and profile: a smoke test")
     args = parser.parse_args()
+    if args.measured:
+        measured_fidelity(args.measured, args.calibration, args.out)
+        print(f"fidelity: {args.out / 'fidelity_measured.md'}")
+        return
     profile = args.profile
     if profile is None:
         profile = args.out / "profile.csv"
