@@ -1,6 +1,6 @@
 """The prepared GPU check: `python -m harness.gpu_check [--dry-run] [--out DIR]`.
 
-One run on one GPU (about 5 minutes on an H200, start-up included), four sections, one folder:
+One run on one GPU (sized for 8 minutes, start-up included; not yet run on one), four sections, one folder:
 1. kernels: the kernel tests on the device, Triton compiled (the interpreter off);
 2. oracle: every strategy's greedy tokens against `generate()` on the device, in fp32 (exact) and in bf16 (tokens
    equal up to the first near-tie, logits within bf16 error until then; both bounds defined below);

@@ -112,8 +112,11 @@ def _over_http(cfg: RunConfig, device, records: RunRecords, num_seqs: int, num_t
 
     runner = cfg.runner
     config = read_model_config(cfg.model)
-    tokenizer = load_tokenizer(cfg.model) or word_tokenizer(config["vocab_size"])
-    workload = load_workload(cfg, config["vocab_size"], load_tokenizer(cfg.model), config["max_position_embeddings"])
+    own_tokenizer = load_tokenizer(cfg.model)
+    workload = load_workload(cfg, config["vocab_size"], own_tokenizer, config["max_position_embeddings"])
+    # Prompts go as text through the model's tokenizer; the default model has none, so it gets the word-level one
+    # the server it is served by loads too.
+    tokenizer = own_tokenizer or word_tokenizer(config["vocab_size"])
 
     async def send(url: str, model: str) -> None:
         client = OpenAIClient(url, model, runner.endpoint, runner.prompt, runner.lengths, runner.api_key_env,
