@@ -7,7 +7,7 @@ import yaml
 
 from harness.config import compose_config, validate
 from harness.model_spec import Architecture, described_model
-from harness.sim.calibrate import RooflineParams, relative_errors, simulate
+from harness.sim.calibrate import default_params, relative_errors, simulate
 from harness.sim.costmodel import RooflineCostModel, build_cost_model
 from harness.sim.costmodel.hardware import CATALOGUE_DIR, DEFAULT_COMPUTE_EFFICIENCY, catalogue, get_hardware
 from harness.sim.measured import MeasuredRunError, load_measured
@@ -117,24 +117,11 @@ def test_published_runs_are_whole(path):
         assert len(data["input_lens"]) == data["num_prompts"]
 
 
-def default_params() -> RooflineParams:
-    runner = compose_config(["runner=sim"]).runner
-    compute_efficiency = None if runner.compute_efficiency == "auto" else runner.compute_efficiency
-    return RooflineParams(
-        compute_efficiency,
-        runner.memory_efficiency,
-        runner.step_overhead_s,
-        runner.seq_overhead_s,
-        runner.frontend_latency_s,
-        runner.frontend_service_s,
-    )
-
-
 @pytest.mark.parametrize("path", PUBLISHED, ids=[p.stem for p in PUBLISHED])
 def test_the_defaults_reproduce_every_published_run(path):
     """Throughput, TPOT p50 and end-to-end latency within 15%, TTFT p50 within 25%, of what was measured."""
     run = load_measured(path)
-    errors = relative_errors(run, simulate(run, default_params()))
+    errors = relative_errors(run, simulate(run, default_params(run.hardware)))
     assert {"output_throughput_tps"} < set(errors)
     for key, error in errors.items():
         assert abs(error) <= (0.25 if key == "ttft_s_p50" else 0.15), (key, f"{error:+.1%}")

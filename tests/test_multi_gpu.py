@@ -11,12 +11,11 @@ import yaml
 from harness.config import ConfigError, compose_config, validate
 from harness.job import run_job
 from harness.model_spec import Architecture, described_model
-from harness.sim.calibrate import relative_errors, simulate
+from harness.sim.calibrate import default_params, relative_errors, simulate
 from harness.sim.costmodel import RooflineCostModel, StepShape
 from harness.sim.costmodel.hardware import get_hardware
 from harness.sim.measured import load_measured
 from tests.conftest import ROOT
-from tests.test_catalogues import default_params
 
 MULTI_GPU = sorted((ROOT / "tests" / "fixtures" / "published" / "multi_gpu").glob("*.json"))
 H100 = get_hardware("h100")
@@ -78,7 +77,7 @@ def test_a_mixture_of_experts_reads_the_experts_its_tokens_touch():
 def test_the_defaults_predict_a_dense_tensor_parallel_run(path):
     """A 70B on four H100s, never fitted: throughput and TPOT p50 within 15% (its TTFT is not: README)."""
     run = load_measured(path)
-    errors = relative_errors(run, simulate(run, default_params()))
+    errors = relative_errors(run, simulate(run, default_params(run.hardware)))
     assert abs(errors["output_throughput_tps"]) <= 0.15 and abs(errors["tpot_s_p50"]) <= 0.15, errors
 
 

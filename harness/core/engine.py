@@ -20,6 +20,20 @@ if TYPE_CHECKING:
     from harness.core.replay import Arrivals
 
 
+def request_for(spec: RequestSpec, sent_s: float | None = None) -> Request:
+    """The engine-side request for `spec`, sent by the client at `sent_s` (default: when the workload wanted it)."""
+    return Request(request_id=spec.request_id, arrival_s=spec.arrival_s, token_ids=list(spec.prompt_ids),
+                   num_prompt_tokens=spec.prompt_len, max_new_tokens=spec.max_new_tokens, sent_s=sent_s)
+
+
+def context_overflow(spec: RequestSpec, max_model_len: int) -> str | None:
+    """Why `spec` can never run in a context of `max_model_len` tokens, or None if it fits."""
+    if fits_context(spec.prompt_len, spec.max_new_tokens, max_model_len):
+        return None
+    return (f"prompt ({spec.prompt_len}) + max_new_tokens ({spec.max_new_tokens}) exceeds the model's context of "
+            f"{max_model_len} tokens")
+
+
 class Engine:
     """Each step moves the clock by the step's duration: the wall time of the whole step (a real runner) or the
     predicted time (a simulated one). The replay loop jumps an idle engine to its next arrival instead of
@@ -52,13 +66,10 @@ class Engine:
     def add_request(self, spec: RequestSpec, sent_s: float | None = None) -> Request:
         """A request reaches the engine, sent by the client at `sent_s` (default: when the workload wanted it). It
         is queued, or rejected at once with its reason if it can never be served."""
-        request = Request(request_id=spec.request_id, arrival_s=spec.arrival_s, token_ids=list(spec.prompt_ids),
-                          num_prompt_tokens=spec.prompt_len, max_new_tokens=spec.max_new_tokens, sent_s=sent_s)
+        request = request_for(spec, sent_s)
         needed_blocks = self.allocator.num_blocks_for(request.max_num_tokens)
-        if not fits_context(spec.prompt_len, spec.max_new_tokens, self.max_model_len):
-            request.reject_reason = (f"prompt ({spec.prompt_len}) + max_new_tokens ({spec.max_new_tokens}) exceeds "
-                                     f"the model's context of {self.max_model_len} tokens")
-        elif needed_blocks > self.allocator.num_blocks:
+        request.reject_reason = context_overflow(spec, self.max_model_len)
+        if request.reject_reason is None and needed_blocks > self.allocator.num_blocks:
             request.reject_reason = (f"needs {needed_blocks} KV blocks, more than the whole cache "
                                      f"({self.allocator.num_blocks})")
         if request.reject_reason:

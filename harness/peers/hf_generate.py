@@ -13,11 +13,10 @@ from collections import deque
 import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
+from harness.core.engine import context_overflow, request_for
 from harness.core.records import RunRecords
-from harness.peers.live import new_request
 from strategies import Request, RequestStatus
 from workloads import RequestSpec
-from workloads.spec import fits_context
 
 
 class StepTimes(StoppingCriteria):
@@ -62,14 +61,13 @@ class GenerateBatches:
         return len(self.waiting)
 
     def add_request(self, spec: RequestSpec, sent_s: float | None = None) -> Request:
-        request = new_request(spec, spec.arrival_s if sent_s is None else sent_s)
+        request = request_for(spec, sent_s)
         self.records.requests.append(request)
-        if fits_context(spec.prompt_len, spec.max_new_tokens, self.max_model_len):
+        request.reject_reason = context_overflow(spec, self.max_model_len)
+        if request.reject_reason is None:
             self.waiting.append(request)
         else:
             request.status = RequestStatus.REJECTED
-            request.reject_reason = (f"prompt ({spec.prompt_len}) + max_new_tokens ({spec.max_new_tokens}) exceeds "
-                                     f"the model's context of {self.max_model_len} tokens")
             self._done(request.sent_s)
         return request
 

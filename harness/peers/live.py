@@ -12,17 +12,13 @@ from collections.abc import Awaitable, Callable
 
 from tqdm import tqdm
 
+from harness.core.engine import request_for
 from harness.core.records import RunRecords
 from harness.core.replay import Client
 from strategies import Request, RequestStatus
 from workloads import RequestSpec
 
 Submit = Callable[[Request, Callable[[], float]], Awaitable[None]]
-
-
-def new_request(spec: RequestSpec, sent_s: float) -> Request:
-    return Request(request_id=spec.request_id, arrival_s=spec.arrival_s, token_ids=list(spec.prompt_ids),
-                   num_prompt_tokens=spec.prompt_len, max_new_tokens=spec.max_new_tokens, sent_s=sent_s)
 
 
 async def live_replay(specs: list[RequestSpec], submit: Submit, records: RunRecords,
@@ -51,7 +47,7 @@ async def live_replay(specs: list[RequestSpec], submit: Submit, records: RunReco
         wait_s = client.next_send_s - clock()
         if client.has_pending and wait_s <= 0:
             spec, _ = client.send()
-            request = new_request(spec, clock())
+            request = request_for(spec, clock())
             records.requests.append(request)
             in_flight.add(asyncio.create_task(run_one(request)))
             continue

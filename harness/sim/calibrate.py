@@ -33,7 +33,7 @@ WEIGHTS = {"output_throughput_tps": 1.0, "tpot_s_p50": 1.0, "e2e_s_mean": 1.0, "
 
 @dataclass(frozen=True)
 class RooflineParams:
-    compute_efficiency: float | None  # None: each run's hardware file's figure
+    compute_efficiency: float
     memory_efficiency: float
     step_overhead_s: float
     seq_overhead_s: float
