@@ -72,12 +72,7 @@ def run_job(raw: DictConfig, run_dir: Path) -> dict:
             {"replica": i} | metrics.summarize(t[0], t[1], metrics.inter_token_latencies(e.records), {},
                                                 cfg.slo.ttft_s, cfg.slo.tpot_s)
             for i, (t, e) in enumerate(zip(tables, replicas))]))
-    write_results(run_dir, raw, records, requests, steps, summary, workload.info, cfg.save_tokens)
-    print(terminal_table(summary))
-    print(f"results: {run_dir}")
-    if interrupted is not None:
-        raise interrupted
-    return summary
+    return finish_run(run_dir, raw, records, requests, steps, summary, workload.info, cfg.save_tokens, interrupted)
 
 
 def _real_replicas(cfg: RunConfig):
@@ -233,3 +228,15 @@ def write_results(run_dir: Path, cfg: DictConfig, records: list[Request], reques
     write_text(run_dir / "report.md", run_report(summary, requests, steps, workload_info,
                                                  [p.relative_to(run_dir) for p in plots]))
     write_json(run_dir / "summary.json", summary)  # last: its presence means the run is complete
+
+
+def finish_run(run_dir: Path, cfg: DictConfig, records: list[Request], requests: pd.DataFrame,
+               steps: pd.DataFrame | None, summary: dict, workload_info: dict, save_tokens: bool,
+               interrupted: RunInterrupted | None) -> dict:
+    """Write the run's files and print its table; then stop as interrupted if it was, else return the summary."""
+    write_results(run_dir, cfg, records, requests, steps, summary, workload_info, save_tokens)
+    print(terminal_table(summary))
+    print(f"results: {run_dir}")
+    if interrupted is not None:
+        raise interrupted
+    return summary

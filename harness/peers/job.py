@@ -12,13 +12,12 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from harness.analysis import metrics
-from harness.analysis.report import terminal_table
 from harness.analysis.results import RunInterrupted
 from harness.config import ConfigError, RunConfig
 from harness.core.records import RunRecords
 from harness.core.replay import replay
 from harness.environment import environment
-from harness.job import device_caps, device_num_blocks, load_workload, write_results
+from harness.job import device_caps, device_num_blocks, finish_run, load_workload
 from harness.model_spec import dtype_name, load_tokenizer, read_model_config
 from harness.peers.live import live_replay
 
@@ -52,12 +51,8 @@ def run_peer(cfg: RunConfig, raw: DictConfig, run_dir: Path) -> dict:
     summary = metrics.summarize(requests, None, metrics.inter_token_latencies(records), labels, cfg.slo.ttft_s,
                                 cfg.slo.tpot_s)
     summary |= {"partial": interrupted is not None} | environment(str(device), dtype)
-    write_results(run_dir, raw, records.requests, requests, None, summary, workload.info, cfg.save_tokens)
-    print(terminal_table(summary))
-    print(f"results: {run_dir}")
-    if interrupted is not None:
-        raise interrupted
-    return summary
+    return finish_run(run_dir, raw, records.requests, requests, None, summary, workload.info, cfg.save_tokens,
+                      interrupted)
 
 
 def system_label(runner) -> str:
