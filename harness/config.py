@@ -213,6 +213,11 @@ class SLOConfig(Strict):
     tpot_s: Positive | None = None
 
 
+class ResultsConfig(Strict):
+    tables: Literal["csv", "parquet"] = "csv"
+    steps: Literal["full", "summary"] = "full"
+
+
 class RunConfig(Strict):
     strategy: StrategyConfig
     workload: WorkloadConfig
@@ -225,6 +230,7 @@ class RunConfig(Strict):
     kernel_backend: Literal[KERNEL_BACKENDS] = "auto"
     kv_cache: KVCacheConfig
     slo: SLOConfig = SLOConfig()
+    results: ResultsConfig = ResultsConfig()
     stop_at_eos: bool = False
     save_tokens: bool = False
     progress: bool = True

@@ -13,10 +13,9 @@ from omegaconf import DictConfig, OmegaConf
 from harness.analysis import metrics
 from harness.analysis.plots import plot_run
 from harness.analysis.report import run_report, terminal_table
-from harness.analysis.results import RunInterrupted, write_csv, write_json, write_text
+from harness.analysis.results import RunInterrupted, write_csv, write_json, write_table, write_text
 from harness.config import CPU_ENGINE_CAPS, PEERS, ConfigError, RunConfig, validate
 from harness.core.engine import Engine
-from harness.core.records import RunRecords
 from harness.core.replay import replay
 from harness.core.replica import build_replica
 from harness.environment import environment
@@ -35,7 +34,7 @@ def run_job(raw: DictConfig, run_dir: Path) -> dict:
         from harness.peers.job import run_peer  # transformers' engines or a server: their own clock
 
         return run_peer(cfg, raw, run_dir)
-    build = _real_replicas if cfg.runner.name == "real" else _simulated_replicas
+    build = _real_replicas if cfg.runner.name == "real" else simulated_replicas
     replicas, route, workload, device, dtype = build(cfg)
     try:
         replay(replicas, workload.requests, route, progress=cfg.progress, desc=cfg.strategy.name,
@@ -64,15 +63,15 @@ def run_job(raw: DictConfig, run_dir: Path) -> dict:
     requests = pd.concat([t[0] for t in tables]).sort_values("request_id").reset_index(drop=True)
     steps = pd.concat([t[1].assign(replica=i) for i, t in enumerate(tables)], ignore_index=True)
     records = [r for e in replicas for r in e.records.requests]
-    itl = metrics.inter_token_latencies(RunRecords(records))
+    itl = metrics.inter_token_latencies([e.records for e in replicas])
     summary = metrics.summarize(requests, steps, itl, labels, cfg.slo.ttft_s, cfg.slo.tpot_s)
     summary |= {"partial": interrupted is not None} | environment(device, dtype)
     if len(replicas) > 1:
         write_csv(run_dir / "replicas.csv", pd.DataFrame([
-            {"replica": i} | metrics.summarize(t[0], t[1], metrics.inter_token_latencies(e.records), {},
+            {"replica": i} | metrics.summarize(t[0], t[1], metrics.inter_token_latencies([e.records]), {},
                                                 cfg.slo.ttft_s, cfg.slo.tpot_s)
             for i, (t, e) in enumerate(zip(tables, replicas))]))
-    return finish_run(run_dir, raw, records, requests, steps, summary, workload.info, cfg.save_tokens, interrupted)
+    return finish_run(run_dir, raw, cfg, records, requests, steps, summary, workload.info, interrupted)
 
 
 def _real_replicas(cfg: RunConfig):
@@ -126,10 +125,10 @@ def device_caps(device) -> tuple[tuple[int, int], str]:
     return serving_defaults(name, torch.cuda.get_device_properties(device).total_memory), f"vLLM's on {name}"
 
 
-def _simulated_replicas(cfg: RunConfig):
+def simulated_replicas(cfg: RunConfig):
     """`runner.replicas` simulated replicas behind `runner.router`; the model is only described, never loaded."""
     from harness.sim.costmodel import build_cost_model
-    from harness.sim.engine import SimEngine
+    from harness.sim.replica import simulated_engine
     from harness.sim.router import ROUTERS
     from harness.sim.runner import SimRunner
 
@@ -141,7 +140,8 @@ def _simulated_replicas(cfg: RunConfig):
     except ValueError as e:
         raise ConfigError(str(e)) from None
     tokenizer = load_tokenizer(cfg.model)
-    workload = load_workload(cfg, config["vocab_size"], tokenizer, config["max_position_embeddings"])
+    workload = load_workload(cfg, config["vocab_size"], tokenizer, config["max_position_embeddings"],
+                             with_ids=False)  # a simulation needs lengths only
     if cfg.kv_cache.num_blocks != "auto":
         blocks = cfg.kv_cache.num_blocks
     else:
@@ -152,7 +152,7 @@ def _simulated_replicas(cfg: RunConfig):
     else:
         caps = CPU_ENGINE_CAPS, "the CPU defaults"
     replicas = [_replica(cfg, lambda allocator: SimRunner(costs), blocks, config["max_position_embeddings"], (),
-                         SimEngine, caps) for _ in range(cfg.runner.replicas)]
+                         simulated_engine, caps) for _ in range(cfg.runner.replicas)]
     route = ROUTERS[cfg.runner.router]() if len(replicas) > 1 else None
     return replicas, route, workload, "cpu", dtype
 
@@ -199,8 +199,8 @@ def _weights(cfg: RunConfig) -> str | None:
     return "random (outputs meaningless, timings real)" if has_random_weights(cfg.model) else "pretrained"
 
 
-def load_workload(cfg: RunConfig, vocab_size: int, tokenizer, max_model_len: int):
-    workload = build_workload(cfg.workload, vocab_size, tokenizer, max_model_len)
+def load_workload(cfg: RunConfig, vocab_size: int, tokenizer, max_model_len: int, with_ids: bool = True):
+    workload = build_workload(cfg.workload, vocab_size, tokenizer, max_model_len, with_ids)
     for key, value in workload.info.items():
         if key != "provenance":  # long; the report carries it
             log.info("workload %s: %s", key, value)
@@ -211,14 +211,14 @@ def _tables(engine: Engine) -> tuple[pd.DataFrame, pd.DataFrame]:
     return metrics.requests_table(engine.records), metrics.steps_table(engine.records, engine.allocator.num_blocks)
 
 
-def write_results(run_dir: Path, cfg: DictConfig, records: list[Request], requests: pd.DataFrame,
-                  steps: pd.DataFrame | None, summary: dict, workload_info: dict, save_tokens: bool) -> None:
-    """Every file of a finished run. `steps` None: a peer, which reports no steps (no `steps.csv`)."""
-    write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    write_csv(run_dir / "requests.csv", requests)
-    if steps is not None:
-        write_csv(run_dir / "steps.csv", steps)
-    if save_tokens:
+def write_results(run_dir: Path, raw: DictConfig, cfg: RunConfig, records: list[Request], requests: pd.DataFrame,
+                  steps: pd.DataFrame | None, summary: dict, workload_info: dict) -> None:
+    """Every file of a finished run. `steps` None: a peer, which reports no steps (no step table)."""
+    write_text(run_dir / "config.yaml", OmegaConf.to_yaml(raw, resolve=True))
+    tables = [write_table(run_dir, "requests", requests, cfg.results.tables)]
+    if steps is not None and cfg.results.steps == "full":
+        tables.append(write_table(run_dir, "steps", steps, cfg.results.tables))
+    if cfg.save_tokens:
         lines = [json.dumps({"request_id": r.request_id, "status": r.status.label,
                              "prompt_ids": r.token_ids[:r.num_prompt_tokens], "output_ids": r.output_ids})
                  for r in sorted(records, key=lambda r: r.request_id)]
@@ -226,15 +226,15 @@ def write_results(run_dir: Path, cfg: DictConfig, records: list[Request], reques
     title = f"{summary['strategy']} on {summary['workload']}"
     plots = plot_run(requests, steps if steps is not None else pd.DataFrame(), title, run_dir / "plots")
     write_text(run_dir / "report.md", run_report(summary, requests, steps, workload_info,
-                                                 [p.relative_to(run_dir) for p in plots]))
+                                                 [p.relative_to(run_dir) for p in plots], tables))
     write_json(run_dir / "summary.json", summary)  # last: its presence means the run is complete
 
 
-def finish_run(run_dir: Path, cfg: DictConfig, records: list[Request], requests: pd.DataFrame,
-               steps: pd.DataFrame | None, summary: dict, workload_info: dict, save_tokens: bool,
+def finish_run(run_dir: Path, raw: DictConfig, cfg: RunConfig, records: list[Request], requests: pd.DataFrame,
+               steps: pd.DataFrame | None, summary: dict, workload_info: dict,
                interrupted: RunInterrupted | None) -> dict:
     """Write the run's files and print its table; then stop as interrupted if it was, else return the summary."""
-    write_results(run_dir, cfg, records, requests, steps, summary, workload_info, save_tokens)
+    write_results(run_dir, raw, cfg, records, requests, steps, summary, workload_info)
     print(terminal_table(summary))
     print(f"results: {run_dir}")
     if interrupted is not None:

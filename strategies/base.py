@@ -40,9 +40,10 @@ class Request:
 
     request_id: int
     arrival_s: float  # when the workload wanted it sent
-    token_ids: list[int]  # prompt, then every generated token
+    token_ids: list[int]  # prompt, then every generated token, where ids are kept (a simulator keeps none)
     num_prompt_tokens: int
     max_new_tokens: int
+    num_output_tokens: int = 0  # generated so far (a server's usage count; the simulator's count)
     sent_s: float | None = None  # when the client sent it: arrival_s, or later if a closed-loop client held it
     status: RequestStatus = RequestStatus.WAITING
     # Tokens whose K/V sit in the cache. The last token in `token_ids` is never computed until scheduled.
@@ -50,10 +51,12 @@ class Request:
     num_preemptions: int = 0
     reject_reason: str | None = None
     first_scheduled_s: float | None = None
-    token_times_s: list[float] = field(default_factory=list)  # when each output token was produced
+    first_token_s: float | None = None
+    # When each output token was produced, where a writer keeps them (the step-by-step engine, peers). The
+    # simulated engine keeps first_token_s and finish_s per request and its inter-token gaps per step instead:
+    # a million requests' tokens would not fit in memory.
+    token_times_s: list[float] = field(default_factory=list)
     finish_s: float | None = None
-    # A server reports how many tokens it generated (its usage count) but streams text, not ids.
-    reported_output_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.sent_s is None:
@@ -61,14 +64,8 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def num_output_tokens(self) -> int:
-        if self.reported_output_tokens is not None:
-            return self.reported_output_tokens
-        # A request rejected before its prompt ids were built (longer than the context) has none: 0, not negative.
-        return max(len(self.token_ids) - self.num_prompt_tokens, 0)
+        """Prompt and generated tokens: what the cache will hold once all but the last are computed."""
+        return self.num_prompt_tokens + self.num_output_tokens
 
     @property
     def output_ids(self) -> list[int]:
@@ -78,7 +75,7 @@ class Request:
     def is_decoding(self) -> bool:
         """Its prompt is in the cache and only the last sampled token is not: the next step is one decode."""
         computed = self.num_computed_tokens
-        return len(self.token_ids) - computed == 1 and computed >= self.num_prompt_tokens
+        return self.num_tokens - computed == 1 and computed >= self.num_prompt_tokens
 
     @property
     def max_num_tokens(self) -> int:
@@ -101,7 +98,7 @@ class ScheduledChunk:
 
     def __post_init__(self) -> None:
         request = self.request
-        self.samples = self.start + self.num_tokens == len(request.token_ids)
+        self.samples = self.start + self.num_tokens == request.num_tokens
         self.is_decode = self.num_tokens == 1 and request.is_decoding
 
 
@@ -171,11 +168,6 @@ class Strategy(ABC):
     @abstractmethod
     def schedule(self, waiting: deque[Request], running: Sequence[Request]) -> BatchPlan:
         """Plan the next step. `waiting` is FIFO; `running` is in admission order (oldest first)."""
-
-    def is_steady(self, waiting: deque[Request], running: Sequence[Request]) -> bool:
-        """Whether, until a request finishes or another arrives, every next step would decode each running
-        request once and do nothing else (given the blocks). A simulator may then run those steps in bulk."""
-        return False
 
     def on_finished(self, request: Request) -> None:
         """Called by the engine when a request is done; by default its blocks go back at once."""

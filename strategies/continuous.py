@@ -75,9 +75,5 @@ class ContinuousBatching(Strategy):
 
         return BatchPlan(chunks=list(scheduled.values()), admitted=admitted, preempted=preempted)
 
-    def is_steady(self, waiting: deque[Request], running: Sequence[Request]) -> bool:
-        nobody_enters = not waiting or len(running) >= self.max_num_seqs
-        return nobody_enters and len(running) <= self.max_batch_tokens
-
     def _num_new_tokens(self, request: Request, budget: int) -> int:
         return min(request.num_tokens - request.num_computed_tokens, budget, self.max_prefill_chunk)

@@ -36,6 +36,3 @@ class DynamicBatching(Strategy):
         chunks = [ScheduledChunk(r, r.num_computed_tokens, r.num_tokens - r.num_computed_tokens)
                   for r in (*running, *admitted)]
         return BatchPlan(chunks=chunks, padded=True, admitted=admitted)
-
-    def is_steady(self, waiting: deque[Request], running: Sequence[Request]) -> bool:
-        return not waiting or len(running) >= self.batch_size

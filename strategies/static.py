@@ -58,9 +58,6 @@ class StaticBatching(Strategy):
             return 0
         return max(r.num_prompt_tokens for r in requests) + max(r.max_new_tokens for r in requests) - 1
 
-    def is_steady(self, waiting: deque[Request], running: Sequence[Request]) -> bool:
-        return bool(self.batch)  # nothing joins mid-batch
-
     def on_finished(self, request: Request) -> None:
         # Rows are held, pads and all, until the batch drains.
         if all(r.status == RequestStatus.FINISHED for r in self.batch):

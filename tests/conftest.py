@@ -3,10 +3,12 @@ doubles every engine test uses — `StepCost`, a cost model with known coefficie
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
 
+from harness.analysis import metrics
 from harness.core.replica import build_replica
 from harness.real.model import build_random_model, model_config
 from harness.real.runner import RealRunner
@@ -58,6 +60,9 @@ class StepCost:
     def predict(self, shape) -> float:
         return self.fixed_s + self.per_token_s * shape.num_tokens + self.per_pair_s * shape.attention_pairs
 
+    def predict_many(self, shape):
+        return self.predict(shape)  # plain arithmetic: elementwise on a shape of arrays
+
     def overhead(self, shape) -> float:
         return self.step_overhead_s
 
@@ -104,3 +109,18 @@ def run_schedule(specs, strategy: str, block_size: int = 4, num_blocks: int = 25
     engine = build_replica(strategy, options, lambda a: ScriptedRunner(), num_blocks=num_blocks,
                            block_size=block_size, max_model_len=max_model_len, eos_token_ids=eos_token_ids)
     return engine.run(specs), engine.runner, engine.allocator
+
+
+def assert_same_records(reference: list, simulated: list) -> None:
+    """The simulated engines' steps, requests and inter-token gaps are the step-by-step engines', exactly."""
+    for ref, sim in zip(reference, simulated, strict=True):
+        assert ref.records.steps.frame().equals(sim.records.steps.frame())
+        assert [request_outcome(r) for r in ref.records.requests] == [request_outcome(r) for r in sim.records.requests]
+        assert sim.allocator.num_used_blocks == 0
+    gaps = [metrics.inter_token_latencies([e.records for e in engines]) for engines in (reference, simulated)]
+    assert sorted(np.repeat(*gaps[0]).tolist()) == sorted(np.repeat(*gaps[1]).tolist())
+
+
+def request_outcome(r) -> tuple:
+    return (r.request_id, r.status, r.reject_reason, r.sent_s, r.first_scheduled_s, r.first_token_s, r.finish_s,
+            r.num_output_tokens, r.num_preemptions)

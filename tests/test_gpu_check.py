@@ -29,7 +29,7 @@ def test_the_dry_run_checks_every_section_and_passes(tmp_path):
 
 def one_request(output_ids: list[int]) -> RunRecords:
     request = Request(request_id=0, arrival_s=0.0, token_ids=[1, 2, *output_ids], num_prompt_tokens=2,
-                      max_new_tokens=len(output_ids))
+                      max_new_tokens=len(output_ids), num_output_tokens=len(output_ids))
     return RunRecords(requests=[request])
 
 

@@ -1,6 +1,6 @@
 """The engine's invariants on random workloads, caches, budgets and clusters, through every strategy on the
 simulated runner: nothing lost, no leak, budgets and caps never exceeded, clocks that only move forward, counts
-that add up, and the bulk decode path making exactly the records of step-by-step running.
+that add up, and the simulated engines making exactly the records of the step-by-step engine.
 
 A few hundred cases run by default; `pytest -m slow` runs ten thousand.
 """
@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 from harness.core.engine import Engine
 from harness.core.replay import replay
 from harness.core.replica import build_replica
-from harness.sim.engine import SimEngine
+from harness.sim.replica import simulated_engine
 from harness.sim.router import ROUTERS
 from harness.sim.runner import SimRunner
 from strategies import RequestStatus
-from tests.conftest import StepCost
+from tests.conftest import StepCost, assert_same_records
 from workloads import RequestSpec
 
 
@@ -39,7 +39,7 @@ def scenarios(draw):
         "strategy": strategy, "options": options, "specs": specs,
         "block_size": draw(st.integers(1, 16)), "num_blocks": draw(st.integers(concurrency, 160)),
         "max_model_len": draw(st.integers(8, 128)), "replicas": draw(st.integers(1, 3)),
-        "router": draw(st.sampled_from(sorted(ROUTERS))),
+        "router": draw(st.sampled_from(sorted(ROUTERS))), "max_concurrency": draw(st.none() | st.integers(1, 6)),
         "cost": StepCost(draw(st.sampled_from([0.001, 0.01])), per_token_s=draw(st.sampled_from([0.0, 1e-4])),
                          per_pair_s=draw(st.sampled_from([0.0, 1e-6])), step_overhead_s=0.0005),
     }
@@ -51,12 +51,12 @@ def run(scenario: dict, engine_class) -> list:
                              max_model_len=scenario["max_model_len"], engine_class=engine_class)
                for _ in range(scenario["replicas"])]
     route = ROUTERS[scenario["router"]]() if len(engines) > 1 else None
-    replay(engines, scenario["specs"], route)
+    replay(engines, scenario["specs"], route, max_concurrency=scenario["max_concurrency"])
     return engines
 
 
 def check_invariants(scenario: dict) -> None:
-    engines = run(scenario, SimEngine)
+    engines = run(scenario, Engine)
     specs = {s.request_id: s for s in scenario["specs"]}
     options = scenario["options"]
     # Nothing lost: every request that arrived is in exactly one replica's records, finished or rejected.
@@ -75,7 +75,7 @@ def check_invariants(scenario: dict) -> None:
     for engine in engines:
         assert engine.allocator.num_used_blocks == 0  # no leak
         assert not engine.waiting and not engine.running
-        steps = engine.records.steps
+        steps = list(engine.records.steps.frame().itertuples())
         for s, after in zip(steps, steps[1:]):  # the clock only moves forward, by each step's duration at least
             assert after.start_s >= s.start_s + s.duration_s - 1e-12
         for s in steps:
@@ -89,15 +89,11 @@ def check_invariants(scenario: dict) -> None:
     # Counts add up: every token computed once, more only when preemption made a request recompute.
     finished = [r for r in records if r.status == RequestStatus.FINISHED]
     needed = sum(r.num_prompt_tokens + r.num_output_tokens - 1 for r in finished)
-    computed = sum(s.num_prefill_tokens + s.num_decode_tokens for e in engines for s in e.records.steps)
+    computed = sum(int(e.records.steps.column(c).sum()) for e in engines
+                   for c in ("num_prefill_tokens", "num_decode_tokens"))
     preempted = sum(r.num_preemptions for r in records)
     assert computed == needed if not preempted else computed > needed
-    # The bulk path makes exactly the records of step-by-step running.
-    plain = run(scenario, Engine)
-    assert [[vars(s) for s in e.records.steps] for e in plain] == [[vars(s) for s in e.records.steps] for e in engines]
-    assert [[(r.request_id, r.status, r.token_times_s, r.num_preemptions) for r in e.records.requests]
-            for e in plain] == [[(r.request_id, r.status, r.token_times_s, r.num_preemptions)
-                                 for r in e.records.requests] for e in engines]
+    assert_same_records(engines, run(scenario, simulated_engine))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -14,7 +14,7 @@ from harness.model_spec import Architecture, described_model
 from harness.sim.calibrate import default_params, relative_errors, simulate
 from harness.sim.costmodel import RooflineCostModel, StepShape
 from harness.sim.costmodel.hardware import get_hardware
-from harness.sim.measured import load_measured
+from harness.sim.measured import MeasuredRunError, load_measured, load_measured_runs
 from tests.conftest import ROOT
 
 MULTI_GPU = sorted((ROOT / "tests" / "fixtures" / "published" / "multi_gpu").glob("*.json"))
@@ -129,3 +129,21 @@ def test_fidelity_reports_predicted_beside_measured(tmp_path):
     row = table[table.metric == "output_throughput_tps"].iloc[0]
     assert row.error == pytest.approx((row.predicted - row.measured) / row.measured)
     assert (tmp_path / "fidelity_measured.png").is_file()
+
+
+def test_a_run_folder_is_a_measured_run_the_simulator_reproduces(tmp_path):
+    # A simulated run of the defaults, read back as a measured run (its requests table is the workload) and
+    # replayed with the same defaults, must give its own figures back; a folder that does not name its GPU is named.
+    run_job(compose_config(["runner=sim", "runner.hardware=h100", "model=llama-3.1-8b", "workload.num_requests=60",
+                            "workload.rate=12", "workload.max_concurrency=24", "progress=false",
+                            "results.tables=parquet"]), tmp_path / "run")
+    (run,) = load_measured_runs([str(tmp_path)])
+    assert (run.hardware, run.model, run.max_concurrency, len(run.requests)) == ("h100", "llama-3.1-8b", 24, 60)
+    predicted = simulate(run, default_params("h100"))
+    for metric, measured in run.metrics.items():
+        assert predicted[metric] == pytest.approx(measured, rel=1e-9), metric
+    config = (tmp_path / "run" / "config.yaml").read_text()
+    (tmp_path / "run" / "config.yaml").write_text(config.replace("name: sim", "name: openai"))
+    with pytest.raises(MeasuredRunError, match="say which GPU it ran on"):
+        load_measured_runs([str(tmp_path / "run")])
+    assert load_measured_runs([str(tmp_path / "run")], {"hardware": "h200"})[0].hardware == "h200"

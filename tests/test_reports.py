@@ -9,12 +9,14 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from harness.analysis import metrics
 from harness.analysis.compare import write_comparison
 from harness.analysis.report import duration
 from harness.analysis.results import write_text
-from harness.core.records import RunRecords, StepRecord
+from harness.core.records import RunRecords, StepLog
 from strategies import Request, RequestStatus
 from tests.conftest import ROOT
 
@@ -23,17 +25,25 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def finished_request(request_id, arrival, token_times, prompt_len=5, first_scheduled=None):
     request = Request(request_id=request_id, arrival_s=arrival, token_ids=[0] * (prompt_len + len(token_times)),
-                      num_prompt_tokens=prompt_len, max_new_tokens=len(token_times), status=RequestStatus.FINISHED)
+                      num_prompt_tokens=prompt_len, max_new_tokens=len(token_times), num_output_tokens=len(token_times),
+                      status=RequestStatus.FINISHED)
     request.token_times_s = list(token_times)
-    request.finish_s = token_times[-1]
+    request.first_token_s, request.finish_s = token_times[0], token_times[-1]
     request.first_scheduled_s = arrival if first_scheduled is None else first_scheduled
     return request
 
 
-def step(index, start, duration, prefill=0, decode=0, padding=0, kv=0, busy=None):
-    return StepRecord(step=index, start_s=start, duration_s=duration, busy_s=duration if busy is None else busy,
-                      num_prefill_tokens=prefill, num_decode_tokens=decode, num_padding_tokens=padding, num_rows=1,
-                      row_width=0, num_preempted=0, num_waiting=0, num_seqs=1, kv_used_blocks=kv)
+def step(index, start, duration, prefill=0, decode=0, padding=0, kv=0, busy=None) -> dict:
+    return dict(step=index, start_s=start, duration_s=duration, busy_s=duration if busy is None else busy,
+                num_prefill_tokens=prefill, num_decode_tokens=decode, num_padding_tokens=padding, num_rows=1,
+                row_width=0, num_preempted=0, num_waiting=0, num_seqs=1, kv_used_blocks=kv)
+
+
+def step_log(*steps: dict) -> StepLog:
+    log = StepLog()
+    for s in steps:
+        log.append(**s)
+    return log
 
 
 def test_tpot_excludes_the_first_token_and_is_undefined_for_one_token():
@@ -42,7 +52,30 @@ def test_tpot_excludes_the_first_token_and_is_undefined_for_one_token():
     assert table.ttft_s.tolist() == [1.0, 1.5]
     assert table.tpot_s[0] == pytest.approx((3.0 - 1.0) / 2) and math.isnan(table.tpot_s[1])
     assert table.e2e_s.tolist() == [3.0, 1.5]
-    assert sorted(metrics.inter_token_latencies(records).tolist()) == [0.5, 1.5]
+    values, weights = metrics.inter_token_latencies([records])
+    assert sorted(values.tolist()) == [0.5, 1.5] and weights.tolist() == [1, 1]
+
+
+def test_gaps_counted_per_step_read_as_the_same_gaps_one_by_one():
+    # Two requests decode at steps 1 and 2 (gaps of each step's length), one gap of 0.25 s is recorded alone.
+    records = RunRecords(steps=step_log(step(0, 0.0, 1.0), step(1, 1.0, 0.5), step(2, 1.5, 2.0)))
+    records.gaps_per_step.extend([0, 2, 2])
+    records.other_gaps.append(0.25)
+    values, weights = metrics.inter_token_latencies([records])
+    assert sorted(np.repeat(values, weights).tolist()) == [0.25, 0.5, 0.5, 2.0, 2.0]
+
+
+@given(st.lists(st.tuples(st.floats(0, 10), st.integers(0, 5)), min_size=1, max_size=30))
+def test_weighted_percentiles_are_numpys_on_the_repeated_values(pairs):
+    values, weights = np.array([v for v, _ in pairs]), np.array([w for _, w in pairs])
+    repeated = np.repeat(values, weights)
+    weighted = metrics.distribution("x", values, weights)
+    if repeated.size == 0:
+        assert all(math.isnan(v) for v in weighted.values())
+        return
+    for p in metrics.PERCENTILES:
+        assert weighted[f"x_p{p}"] == np.percentile(repeated, p)
+    assert weighted["x_mean"] == pytest.approx(repeated.mean())
 
 
 def test_percentiles_on_tiny_lists():
@@ -56,9 +89,9 @@ def test_padding_waste_throughput_goodput_and_overhead_of_a_known_run():
     requests = [finished_request(0, 0.0, [1.0, 2.0]), finished_request(1, 0.0, [1.0, 4.0], prompt_len=3)]
     steps = [step(0, 0.0, 1.0, prefill=8, padding=2, kv=4, busy=0.9), step(1, 1.0, 1.0, decode=2, kv=4, busy=0.9),
              step(2, 3.0, 1.0, decode=1, padding=1, kv=2, busy=0.8)]  # an idle second between steps 1 and 2
-    records = RunRecords(requests=requests, steps=steps)
+    records = RunRecords(requests=requests, steps=step_log(*steps))
     summary = metrics.summarize(metrics.requests_table(records), metrics.steps_table(records, num_blocks=8),
-                                metrics.inter_token_latencies(records), {}, slo_ttft_s=1.0, slo_tpot_s=2.0)
+                                metrics.inter_token_latencies([records]), {}, slo_ttft_s=1.0, slo_tpot_s=2.0)
     assert summary["num_padding_tokens"] == 3 and summary["num_computed_tokens"] == 14
     assert summary["padding_waste"] == pytest.approx(3 / 14)
     assert summary["makespan_s"] == 4.0

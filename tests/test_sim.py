@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from collections import Counter
 
 import pandas as pd
 import pytest
@@ -16,11 +17,11 @@ from harness.real.runner import RealRunner
 from harness.sim.costmodel import CalibratedCostModel, RooflineCostModel, StepShape
 from harness.sim.costmodel.calibrated import GridInterpolator
 from harness.sim.costmodel.hardware import Hardware, get_hardware
-from harness.sim.engine import SimEngine
+from harness.sim.replica import SIMULATED_ENGINES, simulated_engine
 from harness.sim.router import ROUTERS
 from harness.sim.runner import SimRunner
 from strategies import RequestStatus
-from tests.conftest import ROOT, ScriptedRunner, StepCost, make_specs
+from tests.conftest import ROOT, ScriptedRunner, StepCost, assert_same_records, make_specs
 
 LLAMA_7B = Architecture(32, 4096, 11008, 32, 32, 128, 32000, 2)
 
@@ -102,18 +103,20 @@ def test_real_and_simulated_runs_make_the_same_schedule(strategy, options, runne
     specs = make_specs([(12, 4), (5, 6), (20, 2), (7, 5), (3, 3)], arrivals=[0.0, 0.0, 0.03, 0.05, 0.2])
     cost = StepCost(0.004, per_token_s=1e-4, per_pair_s=1e-6)
     schedules = []
-    for make_runner in (lambda a: ScriptedRunner(RealRunner(runner_model, a), cost), lambda a: SimRunner(cost)):
-        engine = build_replica(strategy, options, make_runner, num_blocks=64, block_size=4, max_model_len=2048)
+    for make_runner, engine_class in ((lambda a: ScriptedRunner(RealRunner(runner_model, a), cost), Engine),
+                                      (lambda a: SimRunner(cost), simulated_engine)):
+        engine = build_replica(strategy, options, make_runner, num_blocks=64, block_size=4, max_model_len=2048,
+                               engine_class=engine_class)
         records = engine.run(specs)
-        schedules.append([(s.start_s, s.num_prefill_tokens, s.num_decode_tokens, s.num_padding_tokens, s.num_seqs)
-                          for s in records.steps])
-    assert schedules[0] == schedules[1]
+        schedules.append(records.steps.frame()[["start_s", "num_prefill_tokens", "num_decode_tokens",
+                                                "num_padding_tokens", "num_seqs"]])
+    pd.testing.assert_frame_equal(schedules[0], schedules[1])
 
 
 def cluster(router: str, replicas: int = 3):
     engines = [build_replica("continuous", dict(max_batch_tokens=32, max_num_seqs=4),
                              lambda a: SimRunner(StepCost(0.02)), num_blocks=64, block_size=4, max_model_len=2048,
-                             engine_class=SimEngine) for _ in range(replicas)]
+                             engine_class=simulated_engine) for _ in range(replicas)]
     specs = make_specs([(8, 3 + (i % 5) * 4) for i in range(30)], arrivals=[0.01 * i for i in range(30)])
     return engines, specs, ROUTERS[router]()
 
@@ -207,27 +210,64 @@ def test_profile_then_simulate(tmp_path):
 
 
 @pytest.mark.parametrize("strategy,options", [("static", dict(batch_size=4)), ("dynamic", dict(batch_size=4)),
-                                              ("continuous", dict(max_batch_tokens=24, max_num_seqs=4))])
-@pytest.mark.parametrize("replicas", [1, 2])
-def test_bulk_decode_runs_make_exactly_the_records_of_step_by_step(strategy, options, replicas, monkeypatch):
-    lengths = [(5 + 7 * (i % 4), 3 + 11 * (i % 5)) for i in range(24)]
-    specs = make_specs(lengths, arrivals=[0.05 * i for i in range(24)])
+                                              ("continuous", dict(max_batch_tokens=24, max_num_seqs=4)),
+                                              ("continuous", dict(max_batch_tokens=20, max_num_seqs=6,
+                                                                  max_prefill_chunk=7))])
+@pytest.mark.parametrize("replicas", [1, 3])
+@pytest.mark.parametrize("max_concurrency", [None, 5])
+def test_simulated_engines_make_exactly_the_records_of_the_step_by_step_engine(strategy, options, replicas,
+                                                                                 max_concurrency):
+    lengths = [(5 + 7 * (i % 4), 3 + 11 * (i % 5)) for i in range(60)]
+    specs = make_specs(lengths, arrivals=[0.02 * i for i in range(60)])
     cost = StepCost(0.004, per_token_s=1e-4, per_pair_s=1e-6, step_overhead_s=0.001)  # shape-dependent
-    bulk_steps = []
-    decode_run = SimRunner.decode_run
-    monkeypatch.setattr(SimRunner, "decode_run", lambda self, plan, steps: bulk_steps.append(steps) or
-                        decode_run(self, plan, steps))
-    results = []
-    for engine_class in (Engine, SimEngine):  # step by step, then with the bulk path
+    runs = []
+    for engine_class in (Engine, simulated_engine):
         # 40 blocks: small enough for continuous to preempt
         engines = [build_replica(strategy, options, lambda a: SimRunner(cost), num_blocks=40, block_size=4,
                                  max_model_len=2048, engine_class=engine_class) for _ in range(replicas)]
-        replay(engines, specs, ROUTERS["least_outstanding"]() if replicas > 1 else None)
-        results.append(([[vars(s) for s in e.records.steps] for e in engines],
-                        [[(r.request_id, r.token_times_s, r.num_preemptions, r.status) for r in e.records.requests]
-                         for e in engines]))
-    assert results[0] == results[1]
-    assert sum(bulk_steps) > 20  # the bulk path really ran
+        calls = Counter()
+        for engine in engines:
+            step = engine.step
+            engine.step = lambda arrivals, step=step, calls=calls: calls.update(["step"]) or step(arrivals)
+        replay(engines, specs, ROUTERS["least_outstanding"]() if replicas > 1 else None,
+               max_concurrency=max_concurrency, frontend_latency_s=0.003, frontend_service_s=0.001)
+        runs.append(engines)
+    assert_same_records(*runs)
+    assert type(runs[1][0]) is SIMULATED_ENGINES[strategy]
+    num_steps = sum(len(e.records.steps) for e in runs[1])
+    if strategy == "continuous":
+        if replicas == 1:  # spread over replicas, the cache holds out
+            assert sum(r.num_preemptions for e in runs[1] for r in e.records.requests) > 0
+    elif replicas == 1:  # decode-only stretches run as one call each
+        assert calls["step"] < num_steps / 2
+
+
+@pytest.mark.parametrize("strategy,options", [("static", dict(batch_size=4)), ("dynamic", dict(batch_size=4)),
+                                              ("continuous", dict(max_batch_tokens=32, max_num_seqs=4))])
+def test_long_decode_stretches_run_in_bulk_with_the_same_records(strategy, options):
+    # Low load, long outputs, a cache that runs out late: long decode-only stretches, a few cut by the cache.
+    lengths = [(3 + 5 * (i % 3), 40 + 30 * (i % 4)) for i in range(30)]
+    specs = make_specs(lengths, arrivals=[0.15 * i + 0.05 * (i % 3) for i in range(30)])
+    cost = StepCost(0.004, per_token_s=1e-4, per_pair_s=1e-6, step_overhead_s=0.001)
+    runs, calls = [], Counter()
+    for engine_class in (Engine, simulated_engine):
+        engine = build_replica(strategy, options, lambda a: SimRunner(cost), num_blocks=60, block_size=4,
+                               max_model_len=2048, engine_class=engine_class)
+        step = engine.step
+        engine.step = lambda arrivals, step=step, name=engine_class.__name__: calls.update([name]) or step(arrivals)
+        replay([engine], specs)
+        runs.append([engine])
+    assert_same_records(*runs)
+    assert calls["simulated_engine"] < len(runs[1][0].records.steps) / 3
+
+
+def test_options_the_simulated_engine_does_not_cover_run_step_by_step():
+    for options in (dict(max_batch_tokens=24, max_num_seqs=4, order="prefill_first"),
+                    dict(max_batch_tokens=4, max_num_seqs=8)):  # decoders beyond the budget
+        engine = build_replica("continuous", options, lambda a: SimRunner(StepCost()), num_blocks=40, block_size=4,
+                               max_model_len=2048, engine_class=simulated_engine)
+        assert type(engine) is Engine
+        assert engine.run(make_specs([(9, 5)] * 10)).requests[-1].status == RequestStatus.FINISHED
 
 
 def test_a_cpu_gets_the_real_cpu_runs_cache_whatever_its_name():
@@ -236,3 +276,27 @@ def test_a_cpu_gets_the_real_cpu_runs_cache_whatever_its_name():
     assert auto_num_blocks(RooflineCostModel(arch, cpu), 16, 0.9) == CPU_NUM_BLOCKS
     gpu = Hardware("cpu-named accelerator", 1e15, 3e12, 80e9)
     assert auto_num_blocks(RooflineCostModel(arch, gpu), 16, 0.9) == RooflineCostModel(arch, gpu).num_kv_blocks(16, 0.9)
+
+
+def test_a_big_run_writes_parquet_tables_and_may_summarise_its_steps(tmp_path):
+    overrides = ["model=llama-2-7b", "runner.hardware=h100", "workload.num_requests=300", "workload.rate=30"]
+    full = run_job(sim_config(*overrides), tmp_path / "csv")
+    summary = run_job(sim_config(*overrides, "results.tables=parquet", "results.steps=summary"), tmp_path / "parquet")
+    assert {k: v for k, v in summary.items() if k != "time"} == {k: v for k, v in full.items() if k != "time"}
+    requests = pd.read_parquet(tmp_path / "parquet" / "requests.parquet")
+    pd.testing.assert_frame_equal(requests, pd.read_csv(tmp_path / "csv" / "requests.csv", keep_default_na=False,
+                                                        dtype={"reject_reason": str}), check_dtype=False)
+    assert not (tmp_path / "parquet" / "steps.parquet").exists() and (tmp_path / "csv" / "steps.csv").exists()
+    assert (tmp_path / "parquet" / "plots" / "steps.png").exists()  # the steps are plotted all the same
+    assert "`requests.parquet`" in (tmp_path / "parquet" / "report.md").read_text()
+
+
+def test_a_simulated_workload_has_lengths_and_arrivals_but_no_prompt_ids():
+    from workloads import build_workload
+
+    cfg = sim_config("workload.num_requests=50", "workload.rate=4").workload
+    with_ids, lengths_only = build_workload(cfg, 32000), build_workload(cfg, 32000, with_ids=False)
+    assert [(r.arrival_s, r.prompt_len, r.max_new_tokens) for r in with_ids.requests] == [
+        (r.arrival_s, r.prompt_len, r.max_new_tokens) for r in lengths_only.requests]
+    assert all(r.prompt_ids == () for r in lengths_only.requests)
+    assert all(len(r.prompt_ids) == r.prompt_len for r in with_ids.requests)

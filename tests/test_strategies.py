@@ -12,7 +12,8 @@ from tests.conftest import make_specs, run_schedule
 def decoding_request(request_id: int, prompt_len: int, num_output: int, max_new: int = 100) -> Request:
     """A request mid-decode: prompt and all outputs but the last computed."""
     request = Request(request_id=request_id, arrival_s=0.0, token_ids=[1] * (prompt_len + num_output),
-                      num_prompt_tokens=prompt_len, max_new_tokens=max_new, status=RequestStatus.RUNNING)
+                      num_prompt_tokens=prompt_len, max_new_tokens=max_new, num_output_tokens=num_output,
+                      status=RequestStatus.RUNNING)
     request.num_computed_tokens = request.num_tokens - 1
     return request
 
@@ -68,7 +69,7 @@ def test_static_padding_is_idle_rows_plus_left_padding():
 
 def test_static_holds_the_rectangle_until_the_batch_drains():
     records, runner, allocator = run_schedule(make_specs([(10, 2), (4, 9)]), "static", block_size=1, batch_size=2)
-    used = [s.kv_used_blocks for s in records.steps]
+    used = records.steps.column("kv_used_blocks").tolist()
     assert used == [2 * (10 + 9 - 1)] * len(used)  # [B, L + max_new - 1] slots for every step
     assert allocator.num_used_blocks == 0
 
@@ -108,7 +109,7 @@ def test_idle_engine_jumps_to_the_next_arrival():
     records, _, _ = run_schedule(specs, "continuous", max_batch_tokens=16, max_num_seqs=2)
     late = records.requests[1]
     assert late.token_times_s[0] == pytest.approx(10.0 + 0.01)  # one 10 ms step after it arrived
-    assert records.steps[-1].start_s >= 10.0
+    assert records.steps.column("start_s")[-1] >= 10.0
 
 
 def snapshot(queues):

@@ -31,10 +31,13 @@ class SourceRows:
     info: dict = field(default_factory=dict)
 
 
-def build_workload(cfg, vocab_size: int, hf_tokenizer=None, max_model_len: int | None = None) -> Workload:
+def build_workload(cfg, vocab_size: int, hf_tokenizer=None, max_model_len: int | None = None,
+                   with_ids: bool = True) -> Workload:
     """Build the workload a config describes (a parsed config, or a mapping that is parsed first), for a model
     with `vocab_size` ids, its tokenizer if any, and its context `max_model_len`: a request longer than the
-    context keeps its lengths for the record but gets no prompt ids (the engine rejects it with the reason)."""
+    context keeps its lengths for the record but gets no prompt ids (the engine rejects it with the reason).
+    `with_ids` False: lengths only, for a simulator (a million prompts' ids would fill the memory); the requests'
+    lengths and arrivals are the same either way."""
     if not isinstance(cfg, SyntheticWorkload | RandomWorkload | ShareGPTWorkload | TraceWorkload):
         cfg = parse_workload(cfg)
     n = cfg.num_requests
@@ -54,30 +57,41 @@ def build_workload(cfg, vocab_size: int, hf_tokenizer=None, max_model_len: int |
     servable = fits_context(prompt_lens, output_lens, max_model_len or np.iinfo(np.int64).max)
     if not servable.all():
         info["beyond_context"] = f"{int((~servable).sum())} requests longer than the model's context"
+    arrivals = _arrivals(cfg, rows, chosen, rng)
+    if with_ids:
+        # Their own stream, so drawing them or not leaves the arrivals alone.
+        ids_rng = np.random.default_rng([cfg.seed, 1])
+        prompts = _prompt_ids(cfg, rows, chosen, prompt_lens, servable, vocab_size, ids_rng)
+    else:
+        prompts = [()] * len(chosen)
+    requests = [
+        RequestSpec(request_id=k, arrival_s=t, prompt_ids=ids, max_new_tokens=m, prompt_len=p)
+        for k, (t, ids, m, p) in enumerate(zip(arrivals.tolist(), prompts, output_lens.tolist(), prompt_lens.tolist()))
+    ]
+    return Workload(name=cfg.name, requests=requests, info=info)
+
+
+def _prompt_ids(cfg, rows: SourceRows, chosen: np.ndarray, prompt_lens: np.ndarray, servable: np.ndarray,
+                vocab_size: int, rng: np.random.Generator) -> list[tuple[int, ...]]:
     prompts = []
     for i, length, fits in zip(chosen, prompt_lens.tolist(), servable.tolist()):
         if not fits:
             prompts.append(())
         elif rows.prompt_ids is not None:
-            prompts.append(rows.prompt_ids[i][:length])
+            prompts.append(tuple(int(x) for x in rows.prompt_ids[i][:length]))
         elif rows.hash_ids is not None:
-            prompts.append(prefix_prompt_ids(rows.hash_ids[i], length, vocab_size, cfg.seed, rng))
+            ids = prefix_prompt_ids(rows.hash_ids[i], length, vocab_size, cfg.seed, rng)
+            prompts.append(tuple(int(x) for x in ids))
         else:  # length-only sources: batching cares about lengths, not words
-            prompts.append(rng.integers(0, vocab_size, size=length).tolist())
-    arrivals = _arrivals(cfg, rows, chosen, rng)
-    requests = [
-        RequestSpec(request_id=k, arrival_s=float(t), prompt_ids=tuple(int(x) for x in ids), max_new_tokens=int(m),
-                    prompt_len=int(p))
-        for k, (t, ids, m, p) in enumerate(zip(arrivals, prompts, output_lens, prompt_lens))
-    ]
-    return Workload(name=cfg.name, requests=requests, info=info)
+            prompts.append(tuple(rng.integers(0, vocab_size, size=length).tolist()))
+    return prompts
 
 
 def _read_source(cfg, n: int, rng: np.random.Generator, vocab_size: int, hf_tokenizer) -> SourceRows:
     if isinstance(cfg, TraceWorkload):
-        if cfg.source == "azure":
-            trace = load_azure(cfg.path, cfg.timestamp_unit)
-        elif cfg.source == "burstgpt":
+        if cfg.source == "azure":  # the first n requests are its first n rows: the rest is not read
+            trace = load_azure(cfg.path, cfg.timestamp_unit, n if cfg.sample == "first" else None)
+        elif cfg.source == "burstgpt":  # rows it drops (a model filter, failed requests) make n rows too few
             trace = load_burstgpt(cfg.path, cfg.model)
         else:
             trace = load_mooncake(cfg.path)

@@ -11,12 +11,22 @@ from strategies import RequestStatus
 
 COLORS = {"prefill": "tab:blue", "decode": "tab:green", "padding": "tab:red", "queued": "0.8", "held": "0.93"}
 GANTT_MAX_REQUESTS = 64
+# Points a line is drawn with: a million steps or requests become this many evenly spaced ones (a PNG 1100 pixels
+# wide shows no more), so a week-long trace plots in a second.
+MAX_POINTS = 4000
 
 
 def save_figure(fig, path: Path) -> None:
     fig.tight_layout()
     write_png(path, fig)
     plt.close(fig)
+
+
+def thinned(frame: pd.DataFrame) -> pd.DataFrame:
+    """Every k-th row, at most MAX_POINTS of them (the last row kept)."""
+    if len(frame) <= MAX_POINTS:
+        return frame
+    return frame.iloc[np.unique(np.linspace(0, len(frame) - 1, MAX_POINTS).astype(int))]
 
 
 def step_composition(steps: pd.DataFrame, title: str, path: Path, bins: int = 120) -> None:
@@ -36,7 +46,8 @@ def step_composition(steps: pd.DataFrame, title: str, path: Path, bins: int = 12
                   colors=[COLORS[k] for k in kinds], alpha=0.85)
     top.set(title=f"Where the compute went: {title}", ylabel="share of computed slots (%)", ylim=(0, 100))
     top.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    bottom.step(steps.start_s, steps.num_computed_tokens, where="post", color="0.3", lw=0.8)
+    drawn = thinned(steps)
+    bottom.step(drawn.start_s, drawn.num_computed_tokens, where="post", color="0.3", lw=0.8)
     bottom.set(xlabel="time (s)", ylabel="tokens per step", yscale="log", xlim=(edges[0], end))
     bottom.grid(alpha=0.3)
     save_figure(fig, path)
@@ -44,10 +55,12 @@ def step_composition(steps: pd.DataFrame, title: str, path: Path, bins: int = 12
 
 def kv_usage(steps: pd.DataFrame, title: str, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(10, 3.2))
-    ax.step(steps.start_s, 100 * steps.kv_utilization, where="post", color="tab:purple", label="KV blocks in use")
+    drawn = thinned(steps)
+    ax.step(drawn.start_s, 100 * drawn.kv_utilization, where="post", color="tab:purple", label="KV blocks in use")
     preempting = steps[steps.num_preempted > 0]
     if len(preempting):
-        ax.scatter(preempting.start_s, 100 * preempting.kv_utilization, marker="v", color="tab:red", zorder=3,
+        shown = thinned(preempting)
+        ax.scatter(shown.start_s, 100 * shown.kv_utilization, marker="v", color="tab:red", zorder=3,
                    label=f"preemption ({int(preempting.num_preempted.sum())})")
     ax.set(title=f"KV cache use: {title}", xlabel="time (s)", ylabel="blocks in use (%)", ylim=(0, 105))
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -59,7 +72,11 @@ def latency_cdfs(requests: pd.DataFrame, title: str, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for ax, column, label in ((axes[0], "ttft_s", "time to first token"), (axes[1], "e2e_s", "end-to-end latency")):
         values = np.sort(finished[column].dropna().to_numpy())
-        ax.step(values, np.arange(1, len(values) + 1) / max(len(values), 1), where="post")
+        fractions = np.arange(1, len(values) + 1) / max(len(values), 1)
+        if len(values) > MAX_POINTS:  # evenly spaced ranks, the largest kept
+            ranks = np.unique(np.linspace(0, len(values) - 1, MAX_POINTS).astype(int))
+            values, fractions = values[ranks], fractions[ranks]
+        ax.step(values, fractions, where="post")
         ax.set(title=label, xlabel="seconds", ylabel="fraction of requests", ylim=(0, 1.02))
         ax.grid(alpha=0.3)
         if len(values) and values.min() > 0 and values.max() / values.min() > 100:

@@ -59,8 +59,8 @@ def terminal_table(summary: dict) -> str:
 
 
 def run_report(summary: dict, requests: pd.DataFrame, steps: pd.DataFrame | None, workload_info: dict,
-               plots: list) -> str:
-    """`steps` None: a peer, which reports no steps."""
+               plots: list, tables: list[str]) -> str:
+    """`steps` None: a peer, which reports no steps. `tables`: the table files written beside the report."""
     ended = requests[requests.status.isin([RequestStatus.REJECTED.label, RequestStatus.FAILED.label])]
     parts = [
         f"# {summary['strategy']} on {summary['workload']}",
@@ -73,7 +73,7 @@ def run_report(summary: dict, requests: pd.DataFrame, steps: pd.DataFrame | None
         "",
         *[f"- {key}: {value}" for key, value in workload_info.items()],
         "",
-        *_composition(steps, summary),
+        *_composition(steps, summary, tables),
         "## Plots",
         "",
         *[f"![{p.stem}]({p.as_posix()})" for p in plots],
@@ -89,7 +89,7 @@ def run_report(summary: dict, requests: pd.DataFrame, steps: pd.DataFrame | None
     return "\n".join(parts) + "\n"
 
 
-def _composition(steps: pd.DataFrame | None, summary: dict) -> list[str]:
+def _composition(steps: pd.DataFrame | None, summary: dict, tables: list[str]) -> list[str]:
     if steps is None:
         return ["## What the model computed", "",
                 f"{summary['runner']} runs its own engine, which reports no steps: padding, KV use and busy time "
@@ -101,5 +101,5 @@ def _composition(steps: pd.DataFrame | None, summary: dict) -> list[str]:
     return ["## What the model computed", "",
             "Every token slot the model ran, by kind. Padding is compute spent on no request's sequence.", "",
             composition.to_markdown(), "",
-            f"{summary['num_steps']} steps; see `steps.csv` for each one and `requests.csv` for each request.", ""]
+            f"{summary['num_steps']} steps. Tables: {', '.join(f'`{t}`' for t in tables)}.", ""]
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pandas as pd
 
 # What a run writes into its folder; a new run into the folder removes these first (and nothing else).
-RESULT_FILES = ("status.json", "summary.json", "requests.csv", "steps.csv", "replicas.csv", "report.md",
-                "tokens.jsonl", "config.yaml")
+RESULT_FILES = ("status.json", "summary.json", "requests.csv", "steps.csv", "requests.parquet", "steps.parquet",
+                "replicas.csv", "report.md", "tokens.jsonl", "config.yaml")
 LOCK_FILE = ".lock"
 
 
@@ -130,3 +130,13 @@ def write_json(path: Path, data: dict) -> None:
 
 def write_csv(path: Path, table: pd.DataFrame) -> None:
     write_text(path, table.to_csv(index=False))
+
+
+def write_table(run_dir: Path, name: str, table: pd.DataFrame, fmt: str) -> str:
+    """`table` as `<name>.csv` or `<name>.parquet` in `run_dir`; returns the file's name."""
+    file = f"{name}.{fmt}"
+    if fmt == "parquet":
+        _write_atomic(run_dir / file, lambda f: table.to_parquet(f, index=False))
+    else:
+        write_csv(run_dir / file, table)
+    return file

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from harness.core.kv_cache import BlockAllocator
-from harness.core.records import RunRecords, StepRecord
+from harness.core.records import RunRecords
 from harness.core.runner import Runner, StepResult
 from strategies import BatchPlan, Request, RequestStatus, Strategy
 from workloads import RequestSpec
@@ -99,19 +99,20 @@ class Engine:
             duration = time.perf_counter() - step_start
         else:
             duration = result.duration_s + result.overhead_s
-        self.records.steps.append(StepRecord(
+        self.records.steps.append(
             step=len(self.records.steps), start_s=self.clock, duration_s=duration, busy_s=result.duration_s,
             num_prefill_tokens=num_prefill, num_decode_tokens=plan.num_scheduled_tokens - num_prefill,
             num_padding_tokens=plan.num_padding_tokens, num_rows=plan.num_rows,
             row_width=plan.row_width if plan.padded else 0, num_preempted=len(plan.preempted),
-            num_waiting=len(self.waiting), num_seqs=len(plan.chunks), kv_used_blocks=kv_used,
-        ))
+            num_waiting=len(self.waiting), num_seqs=len(plan.chunks), kv_used_blocks=kv_used)
         for chunk in plan.chunks:
             if chunk.request.first_scheduled_s is None:
                 chunk.request.first_scheduled_s = self.clock
         self.clock += duration
         # Tokens are stamped at the end of their step, when a client would see them.
         for request in sampled:
+            if request.first_token_s is None:
+                request.first_token_s = self.clock
             request.token_times_s.append(self.clock)
             if request.status == RequestStatus.FINISHED:
                 request.finish_s = self.clock
@@ -148,20 +149,13 @@ class Engine:
                 continue
             token = result.sampled[request.request_id]
             request.token_ids.append(token)
+            request.num_output_tokens += 1
             sampled.append(request)
             if request.num_output_tokens == request.max_new_tokens or token in self.eos_token_ids:
                 request.status = RequestStatus.FINISHED
                 self.running.remove(request)
                 self.strategy.on_finished(request)
         return sampled
-
-    def _append_decodes(self, token: int, times: list[float]) -> None:
-        """Every running request decoded once at each of `times` (the simulated engine's bulk steps)."""
-        for request in self.running:
-            request.num_computed_tokens += len(times)
-            request.token_ids.extend([token] * len(times))
-            request.token_times_s.extend(times)
-        self.num_output_tokens += len(times) * len(self.running)
 
     def run(self, specs: list[RequestSpec], progress: bool = False, max_concurrency: int | None = None) -> RunRecords:
         """Replay `specs` on this engine alone."""

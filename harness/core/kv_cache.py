@@ -6,12 +6,41 @@ Shared by real and simulated runs; the real runner adds the tensors `[num_blocks
 from collections import deque
 
 
-class BlockAllocator:
+class BlockCount:
+    """The cache as a simulator needs it: how many blocks are held, not which."""
+
     def __init__(self, num_blocks: int, block_size: int):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"kv_cache needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self._used = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.num_blocks - self.num_used_blocks
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self._used
+
+    def num_blocks_for(self, num_tokens):
+        """Blocks that hold `num_tokens` slots (ceil division; also elementwise on a numpy array)."""
+        return -(-num_tokens // self.block_size)
+
+    def take(self, num_blocks: int) -> None:
+        assert num_blocks <= self.num_free_blocks, "took blocks the cache does not have"
+        self._used += num_blocks
+
+    def give(self, num_blocks: int) -> None:
+        self._used -= num_blocks
+
+
+class BlockAllocator(BlockCount):
+    """Which blocks each request holds: the real runner reads and writes its K/V through these tables."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        super().__init__(num_blocks, block_size)
         self._free: deque[int] = deque(range(num_blocks))
         self.block_tables: dict[int, list[int]] = {}
 
@@ -22,10 +51,6 @@ class BlockAllocator:
     @property
     def num_used_blocks(self) -> int:
         return self.num_blocks - len(self._free)
-
-    def num_blocks_for(self, num_tokens):
-        """Blocks that hold `num_tokens` slots (ceil division; also elementwise on a numpy array)."""
-        return -(-num_tokens // self.block_size)
 
     def num_blocks_held(self, request_id: int) -> int:
         return len(self.block_tables.get(request_id, ()))

@@ -64,6 +64,10 @@ class Arrivals:
     def __init__(self, client: Client, lone: bool):
         self._client = client
         self._lone = lone
+        # With a closed-loop client, the clock of the next other replica to step: its finishes free the client's
+        # slots, so a replica stepping beyond it in bulk could miss a request sent meanwhile. An open-loop client's
+        # sends do not wait on finishes: each replica may run up to the next delivery.
+        self.horizon_s = math.inf
 
     @property
     def next_s(self) -> float:
@@ -106,6 +110,8 @@ def replay(engines: list, specs: list[RequestSpec], route=None, progress: bool =
                 target.clock = max(target.clock, delivery_s)
             target.add_request(spec, sent_s)
         elif next_step is not None:
+            if max_concurrency:
+                arrivals.horizon_s = min((e.clock for e in busy if e is not next_step), default=math.inf)
             next_step.step(arrivals)
             clock = max(e.clock for e in engines)
             if progress and clock > 0:

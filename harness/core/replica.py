@@ -10,11 +10,13 @@ from strategies import STRATEGIES
 
 def build_replica(strategy: str, options: dict, make_runner: Callable[[BlockAllocator], Runner], *,
                   num_blocks: int, block_size: int, max_model_len: int, eos_token_ids: Iterable[int] = (),
-                  engine_class: type[Engine] = Engine) -> Engine:
+                  engine_class: Callable[..., Engine] = Engine) -> Engine:
     """A replica running `strategy` with `options` over a fresh cache of `num_blocks` blocks.
 
-    `make_runner` gets the allocator (a real runner sizes its cache tensors from it). A strategy that could run
-    more requests at once than the cache has blocks is refused: each running request holds at least one.
+    `engine_class` makes the engine from (strategy, runner, allocator, max_model_len, eos_token_ids): `Engine`,
+    or a simulator's choice (`harness.sim.replica.simulated_engine`). `make_runner` gets the allocator (a real
+    runner sizes its cache tensors from it). A strategy that could run more requests at once than the cache has
+    blocks is refused: each running request holds at least one.
     Raises ValueError naming the problem (unknown strategy, bad option, too small a cache).
     """
     if strategy not in STRATEGIES:
@@ -27,5 +29,4 @@ def build_replica(strategy: str, options: dict, make_runner: Callable[[BlockAllo
     if allocator.num_blocks < policy.max_concurrency:
         raise ValueError(f"kv_cache.num_blocks={allocator.num_blocks} cannot hold one block for each of the "
                          f"{policy.max_concurrency} requests {strategy} may run at once")
-    return engine_class(policy, make_runner(allocator), allocator, max_model_len=max_model_len,
-                        eos_token_ids=eos_token_ids)
+    return engine_class(policy, make_runner(allocator), allocator, max_model_len, eos_token_ids)

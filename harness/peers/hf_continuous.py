@@ -67,7 +67,9 @@ class TransformersContinuous:
         if output.error:
             raise RuntimeError(output.error)
         request.token_ids.extend(output.generated_tokens)
+        request.num_output_tokens = len(output.generated_tokens)
         request.token_times_s = [t - origin for t in output.timestamps]
+        request.first_token_s = request.token_times_s[0] if request.token_times_s else None
         if output.lifespan[0] > 0:
             request.first_scheduled_s = output.lifespan[0] - origin
         request.finish_s = request.token_times_s[-1] if request.token_times_s else clock()

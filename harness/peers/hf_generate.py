@@ -89,7 +89,9 @@ class GenerateBatches:
         for row, request in enumerate(batch):
             request.first_scheduled_s = self.clock
             request.token_ids.extend(out[row][width:width + request.max_new_tokens])
+            request.num_output_tokens = request.max_new_tokens
             request.token_times_s = [self.clock + t - start for t in timer.times[:request.max_new_tokens]]
+            request.first_token_s = request.token_times_s[0]
             request.status = RequestStatus.FINISHED
             request.finish_s = request.token_times_s[-1]
             self.num_output_tokens += request.max_new_tokens

@@ -48,11 +48,10 @@ def run_peer(cfg: RunConfig, raw: DictConfig, run_dir: Path) -> dict:
               "engine_caps": f"{caps} ({whose})" if concurrency else caps,
               "block_size": cfg.kv_cache.block_size}
     requests = metrics.requests_table(records).sort_values("request_id").reset_index(drop=True)
-    summary = metrics.summarize(requests, None, metrics.inter_token_latencies(records), labels, cfg.slo.ttft_s,
+    summary = metrics.summarize(requests, None, metrics.inter_token_latencies([records]), labels, cfg.slo.ttft_s,
                                 cfg.slo.tpot_s)
     summary |= {"partial": interrupted is not None} | environment(str(device), dtype)
-    return finish_run(run_dir, raw, records.requests, requests, None, summary, workload.info, cfg.save_tokens,
-                      interrupted)
+    return finish_run(run_dir, raw, cfg, records.requests, requests, None, summary, workload.info, interrupted)
 
 
 def system_label(runner) -> str:

@@ -57,12 +57,14 @@ class OpenAIClient:
         async for chunk in stream:
             now = clock()
             if chunk.choices and _text(chunk.choices[0]):
+                if request.first_token_s is None:
+                    request.first_token_s = now
                 request.token_times_s.append(now)
             usage = chunk.usage or usage
         request.finish_s = clock()
         if usage is None:
             raise RuntimeError("the server's stream ended without a usage count (is it OpenAI-compatible?)")
-        request.reported_output_tokens = usage.completion_tokens
+        request.num_output_tokens = usage.completion_tokens
         request.status = RequestStatus.FINISHED
 
     def _length_options(self, output_len: int) -> dict:

@@ -1,49 +1,87 @@
-"""How fast the simulator runs: `python -m harness.sim.bench [--requests N]`.
+"""How fast the simulator runs: `python -m harness.sim.bench [--requests N] [--e2e-requests M]`.
 
-Simulates ShareGPT-like requests at high load (Llama-2-7B on an H100, roofline, 256 concurrent requests) with
-each strategy and prints simulated requests per second of wall time, timing the engine's replay alone.
+Not a test: it prints simulated requests per second of wall time (the replay alone, each strategy, at low and high
+load, on 1 and 8 replicas: ShareGPT-profile requests, Llama-2-7B on H100s by the roofline, 256 concurrent requests
+a replica), then the wall time of a whole `python -m harness runner=sim ...` run of M requests, workload, tables,
+plots and report included.
 """
 
 import argparse
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
 
 from harness.config import compose_config, validate
-from harness.core.replica import build_replica
-from harness.model_spec import Architecture, read_model_config
-from harness.sim.costmodel import build_cost_model
-from harness.sim.engine import SimEngine
-from harness.sim.runner import SimRunner
-from workloads import build_workload
+from harness.core.replay import replay
+from harness.job import simulated_replicas
+from workloads.traces import load_azure
+
+SETUP = ["runner=sim", "runner.hardware=h100", "model=llama-2-7b", "concurrency=256", "progress=false"]
+LOADS = {"low": 5.0, "high": 40.0}  # requests/s a replica: well under, and well over, what one H100 serves
+
+
+def replay_rate(strategy: str, rate: float, replicas: int, requests: int) -> tuple[float, int]:
+    """Simulated requests per second of wall time, and steps simulated."""
+    overrides = [*SETUP, f"strategy={strategy}", f"workload.num_requests={requests}", f"workload.rate={rate}",
+                 f"runner.replicas={replicas}", "runner.router=least_outstanding"]
+    if strategy == "continuous":
+        overrides.append("strategy.max_batch_tokens=2048")
+    cfg = validate(compose_config(overrides))
+    engines, route, workload, _, _ = simulated_replicas(cfg)
+    start = time.perf_counter()
+    replay(engines, workload.requests, route)
+    wall = time.perf_counter() - start
+    return requests / wall, sum(len(e.records.steps) for e in engines)
+
+
+def end_to_end(requests: int) -> float:
+    """Wall seconds of a whole simulated run of `requests` continuous-batching requests, in a fresh process."""
+    command = [sys.executable, "-m", "harness", *SETUP, "strategy=continuous", "workload=sharegpt",
+               f"workload.num_requests={requests}", f"workload.rate={LOADS['high']}", "results.tables=parquet",
+               "results.steps=summary", f"hydra.run.dir=results/bench/e2e_{requests}"]
+    start = time.perf_counter()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def trace_load(rows: int) -> float:
+    """Wall seconds to load an Azure-2024-format trace of `rows` rows (made up here: ISO timestamps, lengths)."""
+    rng = np.random.default_rng(0)
+    stamps = pd.Timestamp("2024-05-10") + pd.to_timedelta(np.cumsum(rng.exponential(0.1, rows)), unit="s")
+    table = pd.DataFrame({"TIMESTAMP": stamps.strftime("%Y-%m-%d %H:%M:%S.%f"),
+                          "ContextTokens": rng.integers(1, 8000, rows), "GeneratedTokens": rng.integers(1, 800, rows)})
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "azure.csv"
+        table.to_csv(path, index=False)
+        start = time.perf_counter()
+        load_azure(str(path))
+        return time.perf_counter() - start
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=5000)
-    parser.add_argument("--rate", type=float, default=40.0, help="Poisson requests/s (high load for an H100)")
-    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--requests", type=int, default=20_000, help="requests a replica, per measurement")
+    parser.add_argument("--e2e-requests", type=int, default=1_000_000, help="0 to skip the whole run")
+    parser.add_argument("--trace-rows", type=int, default=1_000_000, help="0 to skip the trace load")
     args = parser.parse_args()
-    cfg = compose_config(["runner=sim", "runner.hardware=h100", "model=llama-2-7b",
-                          f"workload.num_requests={args.requests}", f"workload.rate={args.rate}",
-                          f"concurrency={args.concurrency}", "strategy.max_batch_tokens=2048"])
-    run = validate(cfg)
-    config = read_model_config(run.model)
-    costs = build_cost_model(run.runner, Architecture.from_config(config, 2))  # the simulator's defaults
-    workload = build_workload(cfg.workload, config["vocab_size"])
-    output_tokens = sum(r.max_new_tokens for r in workload.requests)
-    print(f"{args.requests} ShareGPT-profile requests ({output_tokens} output tokens) at {args.rate} req/s, "
-          f"Llama-2-7B on an H100 (roofline), concurrency {args.concurrency}")
-    for name in ("static", "dynamic", "continuous"):
-        budget = ["strategy.max_batch_tokens=2048"] if name == "continuous" else []
-        strategy = validate(compose_config([f"strategy={name}", f"concurrency={args.concurrency}", *budget])).strategy
-        options = strategy.model_dump(exclude={"name"})
-        engine = build_replica(name, options, lambda allocator: SimRunner(costs),
-                               num_blocks=costs.num_kv_blocks(16, 0.9), block_size=16,
-                               max_model_len=config["max_position_embeddings"], engine_class=SimEngine)
-        start = time.perf_counter()
-        records = engine.run(workload.requests)
-        wall = time.perf_counter() - start
-        print(f"{name:10s} {len(records.requests) / wall:8.0f} simulated requests/s   {len(records.steps) / wall:8.0f}"
-              f" steps/s   ({len(records.steps)} steps in {wall:.2f} s, {engine.clock:.0f} s simulated)")
+    print(f"simulated requests per second of wall time ({args.requests} ShareGPT-profile requests a replica)")
+    print(f"{'strategy':10s} {'load':5s} {'replicas':>8s} {'req/s':>9s} {'steps':>9s}")
+    for strategy in ("static", "dynamic", "continuous"):
+        for load, rate in LOADS.items():
+            for replicas in (1, 8):
+                speed, steps = replay_rate(strategy, rate * replicas, replicas, args.requests * replicas)
+                print(f"{strategy:10s} {load:5s} {replicas:8d} {speed:9.0f} {steps:9d}", flush=True)
+    if args.trace_rows:
+        print(f"Azure-format trace of {args.trace_rows} rows loaded in {trace_load(args.trace_rows):.1f} s")
+    if args.e2e_requests:
+        wall = end_to_end(args.e2e_requests)
+        print(f"end to end: {args.e2e_requests} requests (continuous, high load, one replica), workload to report: "
+              f"{wall:.0f} s wall")
 
 
 if __name__ == "__main__":

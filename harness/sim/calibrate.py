@@ -22,8 +22,8 @@ from harness.core.replica import build_replica
 from harness.model_spec import Architecture, described_model
 from harness.sim.costmodel import RooflineCostModel
 from harness.sim.costmodel.hardware import get_hardware
-from harness.sim.engine import SimEngine
-from harness.sim.measured import MeasuredRun, MeasuredRunError, load_measured
+from harness.sim.measured import MeasuredRun, MeasuredRunError, load_measured_runs
+from harness.sim.replica import simulated_engine
 from harness.sim.runner import SimRunner
 
 BLOCK_SIZE = 16  # vLLM's default
@@ -61,7 +61,7 @@ def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
         num_blocks=costs.num_kv_blocks(BLOCK_SIZE, run.memory_fraction),
         block_size=BLOCK_SIZE,
         max_model_len=config["max_position_embeddings"],
-        engine_class=SimEngine,
+        engine_class=simulated_engine,
     )
     replay(
         [engine],
@@ -74,7 +74,7 @@ def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
     return metrics.summarize(
         metrics.requests_table(records),
         metrics.steps_table(records, engine.allocator.num_blocks),
-        metrics.inter_token_latencies(records),
+        metrics.inter_token_latencies([records]),
         {},
     )
 
@@ -160,22 +160,21 @@ def load_calibration(path: str | Path) -> dict:
     return figures
 
 
-def _measured(paths: list[str]) -> list[MeasuredRun]:
-    files = [p for path in paths for p in (sorted(Path(path).glob("*.json")) if Path(path).is_dir() else [Path(path)])]
-    return [load_measured(p) for p in files]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description="Fit the simulator to measured runs (vllm bench serve --save-result --save-detailed JSONs with "
                     "a setup block naming the GPU and model) and report its error on runs left out of the fit.")
-    parser.add_argument("runs", nargs="+", help="measured run JSONs, or folders of them, to fit")
+    parser.add_argument("runs", nargs="+", help="measured runs to fit: vllm bench JSONs, this harness's run folders, "
+                                                "or folders of either")
     parser.add_argument("--hold-out", nargs="*", default=[], help="runs to predict, not fitted")
     parser.add_argument("--out", type=Path, default=Path("results") / "calibration.yaml")
     parser.add_argument("--evaluations", type=int, default=300, help="the fit's budget of simulations per run set")
+    parser.add_argument("--setup", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="what run folders do not say: hardware=h100 model=llama-3.1-8b tensor_parallel=2 ...")
     args = parser.parse_args()
     try:
-        fitted, held_out = _measured(args.runs), _measured(args.hold_out)
+        setup = parse_setup(args.setup)
+        fitted, held_out = load_measured_runs(args.runs, setup), load_measured_runs(args.hold_out, setup)
     except MeasuredRunError as e:
         raise SystemExit(f"error: {e}") from None
     start = default_params(fitted[0].hardware)
@@ -191,6 +190,17 @@ def main() -> None:
         "loss": value, "errors": table.set_index("run").round(4).to_dict(orient="index")}, sort_keys=False))
     print(table.to_string(index=False, float_format=lambda x: f"{x:+.1%}"))
     print(f"calibration: {args.out}  (use it: runner=sim runner.calibration={args.out})")
+
+
+def parse_setup(pairs: list[str]) -> dict:
+    """`key=value` pairs; numbers become numbers."""
+    setup = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise MeasuredRunError(f"--setup takes key=value pairs, got {pair!r}")
+        setup[key] = yaml.safe_load(value)
+    return setup
 
 
 # A fit whose mean squared log error stays above this (about 30% off on average) describes no system.

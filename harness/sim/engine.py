@@ -1,65 +1,161 @@
-"""The simulated replica: an engine whose steady decode stretches are run in bulk.
+"""The simulated replica: the engine's schedule and records, at a cost per step of what changed in it.
 
-After a step that decoded every running request and changed nothing else, the steps that follow are the same
-step one token further on, until a request finishes, one arrives and could enter, or the cache must grow past its
-free blocks. The cost model predicts them all at once; the records are those step-by-step running makes (a
-differential test holds that).
+A simulated step computes no tokens, so the engine need not touch every running request each step: requests
+that decode one token a step are held as aggregates (`DecodeSet`), the cache as a count of blocks, steps as
+columns. Each strategy's simulated engine (`sim.continuous`, `sim.padded`) makes exactly the schedule and
+records of the step-by-step `Engine` running that strategy (the differential tests hold that): the step-by-step
+engine is the reference, this one the fast path.
 """
-
-from dataclasses import replace
 
 import numpy as np
 
 from harness.core.engine import Engine
+from harness.core.kv_cache import BlockAllocator, BlockCount
 from harness.core.replay import Arrivals
+from harness.sim.costmodel import StepShape
+from harness.sim.decoders import DecodeSet
 from harness.sim.runner import SimRunner
-from strategies import BatchPlan
+from strategies import Request, RequestStatus, Strategy
+
+# A bulk of steps is timed as arrays only when the next event is at least this many steps away.
+MIN_RUN_STEPS = 4
 
 
 class SimEngine(Engine):
     runner: SimRunner
+    allocator: BlockCount
 
-    def step(self, arrivals: Arrivals | None = None) -> BatchPlan:
-        plan = super().step(arrivals)
-        decoded_everyone = len(plan.chunks) == len(self.running) and all(c.is_decode for c in plan.chunks)
-        # A finish shrinks `running` below the plan's chunks, so `decoded_everyone` also says nobody finished.
-        if decoded_everyone and not plan.preempted and self.strategy.is_steady(self.waiting, self.running):
-            self._run_decodes(plan, arrivals)
-        return plan
+    def __init__(self, strategy: Strategy, runner: SimRunner, allocator: BlockAllocator, max_model_len: int,
+                 eos_token_ids=()):
+        if eos_token_ids:
+            raise ValueError("a simulated run generates no token ids, so it cannot stop at EOS")
+        super().__init__(strategy, runner, BlockCount(allocator.num_blocks, allocator.block_size), max_model_len)
+        self.running: dict[int, Request] = {}  # request_id → request, in admission order
+        self.decoders = DecodeSet(allocator.block_size)
+        self.held: dict[int, int] = {}  # request_id → cache blocks it holds
+        self._admissions = 0
+        self._admitted_as: dict[int, int] = {}  # request_id → admission number (running order)
+        self._last_token_s: dict[int, float] = {}  # requests that left the decoders with tokens: their last one
+        self._late_first_decode: dict[int, float] = {}  # new decoders whose previous token is not one step back
+        self._last_step_s = 0.0  # the last step's duration
 
-    def _run_decodes(self, plan: BatchPlan, arrivals: Arrivals | None) -> None:
-        running, allocator = self.running, self.allocator
-        # Stop one step before the first request would finish: that step goes through `step` as usual.
-        steps = min(r.max_new_tokens - r.num_output_tokens for r in running) - 1
-        computed = np.array([r.num_computed_tokens for r in running])  # [S]
-        held = np.array([allocator.num_blocks_held(r.request_id) for r in running])  # [S] blocks
-        extra_blocks = [0]  # blocks newly needed by step j, over all requests
-        for j in range(1, steps + 1):
-            needed = int(np.maximum(allocator.num_blocks_for(computed + j) - held, 0).sum())
-            if needed > allocator.num_free_blocks:
-                steps = j - 1  # the cache fills up: let the strategy decide that step (preemption)
+    # What every strategy's step does with the requests it touches.
+
+    def _admit(self, request: Request) -> None:
+        entered = self.waiting.popleft()
+        assert entered is request, "requests are admitted from the head of the queue, in order"
+        request.status = RequestStatus.RUNNING
+        self.running[request.request_id] = request
+        self._admissions += 1
+        self._admitted_as[request.request_id] = self._admissions
+
+    def _hold(self, request: Request, num_blocks: int) -> None:
+        self.held[request.request_id] = self.held.get(request.request_id, 0) + num_blocks
+        self.allocator.take(num_blocks)
+
+    def _release(self, request: Request) -> None:
+        self.allocator.give(self.held.pop(request.request_id))
+
+    def _join_decoders(self, request: Request, step: int) -> None:
+        """`request` (all its tokens but the last cached) decodes from `step` on."""
+        last = self._last_token_s.pop(request.request_id, None)
+        if last is not None:  # it recomputed after a preemption: its previous token is older than one step
+            self._late_first_decode[request.request_id] = last
+        self.decoders.join(request, step, request.num_computed_tokens)
+
+    def _leave_decoders(self, request: Request, step: int) -> None:
+        """`request` stops decoding before `step` runs: its counts become explicit again."""
+        request.num_computed_tokens = self.decoders.leave(request, step)
+        request.num_output_tokens = request.num_computed_tokens + 1 - request.num_prompt_tokens
+        # Its last token: from the step before (it decoded there, or joined after sampling there), unless it
+        # joined without sampling and has not decoded yet.
+        self._last_token_s[request.request_id] = self._late_first_decode.pop(request.request_id, self.clock)
+
+    def _decoded(self, step: int, end_s: float) -> None:
+        """The decoders' tokens of `step`, which ended at `end_s`: one gap each, one step long unless recorded."""
+        late = self._late_first_decode
+        if late:
+            self.records.other_gaps.extend(end_s - last for last in late.values())
+        self.records.gaps_per_step.append(len(self.decoders) - len(late))
+        late.clear()
+        self.num_output_tokens += len(self.decoders)
+
+    def _sampled(self, request: Request, end_s: float) -> None:
+        """A token sampled at the end of a prefill chunk."""
+        if request.first_token_s is None:
+            request.first_token_s = end_s
+        else:
+            self.records.other_gaps.append(end_s - self._last_token_s.pop(request.request_id))
+        request.num_output_tokens += 1
+        self.num_output_tokens += 1
+
+    def _finish(self, request: Request, end_s: float) -> None:
+        request.status = RequestStatus.FINISHED
+        request.finish_s = end_s
+        request.num_output_tokens = request.max_new_tokens
+        request.num_computed_tokens = request.num_prompt_tokens + request.max_new_tokens - 1
+        del self.running[request.request_id]
+        self._last_token_s.pop(request.request_id, None)
+        self._done(end_s)
+
+    def _record(self, step: int, shape: StepShape, *, num_prefill: int, num_decode: int, row_width: int,
+                num_preempted: int = 0, num_seqs: int) -> float:
+        """Time the step from its shape, record it, and move the clock; returns the step's end."""
+        busy = self.runner.cost_model.predict(shape)
+        duration = busy + self.runner.cost_model.overhead(shape)
+        self.records.steps.append(
+            step=step, start_s=self.clock, duration_s=duration, busy_s=busy, num_prefill_tokens=num_prefill,
+            num_decode_tokens=num_decode, num_padding_tokens=shape.num_tokens - num_prefill - num_decode,
+            num_rows=shape.num_rows, row_width=row_width, num_preempted=num_preempted,
+            num_waiting=len(self.waiting), num_seqs=num_seqs, kv_used_blocks=self.allocator.num_used_blocks)
+        self.clock += duration
+        self._last_step_s = duration
+        return self.clock
+
+    # Decode-only stretches, timed and recorded as arrays.
+
+    def _may_admit(self) -> bool:
+        """Whether the next step would admit the head of the queue."""
+        return False
+
+    def _may_run(self, arrivals: Arrivals | None) -> bool:
+        """Whether steps may run in bulk from here: decoders, nothing due at the next step (an arrival, another
+        replica's step, an admission), and room for a few steps before the next such event (arrays pay only over
+        a stretch: one step at a time is cheaper for one or two)."""
+        if not self.decoders or arrivals is None or self._may_admit():
+            return False
+        return min(arrivals.next_s, arrivals.horizon_s) - self.clock > MIN_RUN_STEPS * self._last_step_s
+
+    def _run_steps(self, step: int, arrivals: Arrivals, shape: StepShape, *, num_decode: int, num_padding: int,
+                   row_width: int, kv_used_blocks) -> int:
+        """Decode-only steps from `step`, one per entry of `shape`'s arrays, in which only the clock, the keys read
+        and (`kv_used_blocks`, scalar or per step) the blocks held change; returns how many ran. Stops before
+        another replica's clock, or an arrival another replica may get (the replay loop routes it first) or this
+        one would admit (`_may_admit`); arrivals before that are queued (a lone replica takes them itself)."""
+        busy = self.runner.cost_model.predict_many(shape)  # [N]
+        duration = busy + self.runner.cost_model.overhead(shape)
+        ends = np.cumsum(np.concatenate(([self.clock], duration)))[1:]  # the clock, added to step by step
+        starts = np.concatenate(([self.clock], ends[:-1]))
+        n = min(len(busy), int(np.searchsorted(starts, arrivals.horizon_s)))  # another replica steps first
+        waiting = np.full(n, len(self.waiting))
+        while True:
+            k = int(np.searchsorted(starts, arrivals.next_s))  # the first step the next request reaches
+            if k >= n:
                 break
-            extra_blocks.append(needed)
-        if steps <= 0:
-            return
-        base_used = allocator.num_used_blocks
-        template = self.records.steps[-1]
-        times = []
-        for j, (busy, overhead) in enumerate(self.runner.decode_run(plan, steps), start=1):
-            if arrivals is not None:
-                arrivals.deliver_due(self)  # they join the queue (or are rejected) before this step
-                if arrivals.next_s <= self.clock:
-                    break  # another replica may get it: the replay loop routes it first
-            if not self.strategy.is_steady(self.waiting, self.running):
+            queued = len(self.waiting)
+            self.clock = float(starts[k])
+            arrivals.deliver_due(self)
+            waiting[k:] += len(self.waiting) - queued
+            if arrivals.next_s <= self.clock or self._may_admit():
+                n = k  # it is for the replay loop, or step k admits it: stop before step k
                 break
-            self.records.steps.append(replace(template, step=len(self.records.steps), start_s=self.clock,
-                                              duration_s=busy + overhead, busy_s=busy, num_waiting=len(self.waiting),
-                                              kv_used_blocks=base_used + extra_blocks[j]))
-            self.clock += busy + overhead
-            times.append(self.clock)
-        if not times:
-            return
-        for request, n in zip(running, computed.tolist()):
-            allocated = allocator.allocate(request.request_id, n + len(times))
-            assert allocated, "the blocks were counted above"
-        self._append_decodes(self.runner.placeholder_token, times)
+        self.records.steps.extend(
+            step=np.arange(step, step + n), start_s=starts[:n], duration_s=duration[:n], busy_s=busy[:n],
+            num_prefill_tokens=0, num_decode_tokens=num_decode, num_padding_tokens=num_padding,
+            num_rows=num_decode + num_padding, row_width=row_width, num_preempted=0, num_waiting=waiting[:n],
+            num_seqs=num_decode, kv_used_blocks=np.broadcast_to(kv_used_blocks, len(busy))[:n])
+        self.records.gaps_per_step.extend([num_decode] * n)
+        self.num_output_tokens += num_decode * n
+        self.clock = float(ends[n - 1])
+        self._last_step_s = float(duration[n - 1])
+        return n

@@ -6,9 +6,10 @@ and reports each metric's relative error beside the real runs' own spread. The w
 was built from: the profile measures synthetic grid steps, the check replays ShareGPT-like requests.
 
 `--measured PATH...` checks the simulator against runs measured elsewhere instead (vllm bench JSONs with a setup
-block, or folders of them: `tests/fixtures/published/`, your cluster's): each run's workload is simulated with the
-defaults (or `--calibration` YAML from `harness.sim.calibrate`) and every metric is reported predicted beside
-measured, with a plot.
+block, this harness's run folders — `runner=openai` against your server — with `--setup hardware=...`, or folders
+of either: `tests/fixtures/published/`, your cluster's): each run's workload is simulated with the defaults (or
+`--calibration` YAML from `harness.sim.calibrate`) and every metric is reported predicted beside measured, with a
+plot.
 """
 
 import argparse
@@ -75,11 +76,13 @@ def plot_errors(table: pd.DataFrame, path: Path) -> None:
     save_figure(fig, path)
 
 
-def measured_fidelity(paths: list[str], calibration: Path | None, out: Path) -> pd.DataFrame:
+def measured_fidelity(paths: list[str], calibration: Path | None, out: Path,
+                      setup: dict | None = None) -> pd.DataFrame:
     """Per measured run and metric: measured, predicted, relative error; written as a table and a plot."""
-    from harness.sim.calibrate import RooflineParams, _measured, default_params, load_calibration, simulate
+    from harness.sim.calibrate import RooflineParams, default_params, load_calibration, simulate
+    from harness.sim.measured import load_measured_runs
 
-    runs = _measured(paths)
+    runs = load_measured_runs(paths, setup)
     rows = []
     for run in runs:
         params = RooflineParams(**load_calibration(calibration)) if calibration else default_params(run.hardware)
@@ -109,8 +112,10 @@ def measured_fidelity(paths: list[str], calibration: Path | None, out: Path) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--measured", nargs="+", help="measured runs (vllm bench JSONs or folders) instead of real "
-                                                      "runs here")
+    parser.add_argument("--measured", nargs="+", help="measured runs (vllm bench JSONs, run folders, or folders of "
+                                                      "either) instead of real runs here")
+    parser.add_argument("--setup", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="with --measured: what run folders do not say (hardware=h100 model=llama-3.1-8b ...)")
     parser.add_argument("--calibration", type=Path, help="with --measured: a calibration YAML instead of defaults")
     parser.add_argument("--profile", type=Path, help="a profile CSV; default: make one first")
     parser.add_argument("--out", type=Path, default=Path("results") / "fidelity" / time.strftime("%Y%m%d-%H%M%S"))
@@ -118,7 +123,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny workloads and profile: a smoke test")
     args = parser.parse_args()
     if args.measured:
-        measured_fidelity(args.measured, args.calibration, args.out)
+        from harness.sim.calibrate import parse_setup
+
+        measured_fidelity(args.measured, args.calibration, args.out, parse_setup(args.setup))
         print(f"fidelity: {args.out / 'fidelity_measured.md'}")
         return
     profile = args.profile

@@ -5,6 +5,10 @@ Read from a `vllm bench serve --save-result` JSON (with `--save-detailed`, its p
 `output_lens` give the workload exactly) plus a `setup` block for what the JSON itself does not say: `hardware`
 and `model` (names from `conf/hardware/`, `conf/model/`), the engine's caps, and for a random dataset saved without
 details its lengths. `tests/fixtures/published/` holds published runs in this shape.
+
+Or from a run folder of this harness (`runner=openai` against your server, `runner=real` on your GPU): its requests
+table gives each request's arrival and lengths exactly, `summary.json` the metrics, `config.yaml` the client; what
+it cannot say (the GPU, a model name from the catalogue when it ran a hub model) comes from `setup`.
 """
 
 import json
@@ -12,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+from omegaconf import OmegaConf
 
 from workloads import RequestSpec
 
@@ -72,10 +78,9 @@ def load_measured(path: str | Path, seed: int = 0) -> MeasuredRun:
         raise MeasuredRunError(f"measured run {str(path)!r} has no output_throughput to compare with")
     input_lens, output_lens = _lengths(data, setup, path)
     arrivals = _arrivals(data, len(input_lens), seed)
-    rng = np.random.default_rng(seed)
     requests = [
         # An empty completion (output 0) still ran its prefill and sampled one token: run it as one.
-        RequestSpec(i, float(t), tuple(rng.integers(0, 1000, size=int(p)).tolist()), max(int(o), 1))
+        RequestSpec(i, float(t), (), max(int(o), 1), prompt_len=int(p))
         for i, (t, p, o) in enumerate(zip(arrivals, input_lens, output_lens))
     ]
     concurrency = data.get("max_concurrency")
@@ -125,3 +130,50 @@ def _arrivals(data: dict, n: int, seed: int) -> np.ndarray:
         "gamma" if burstiness != 1.0 else "poisson", n, np.random.default_rng(seed), float(rate), burstiness
     )
     return times * ((n - 1) / float(rate) / times[-1]) if n > 1 and times[-1] > 0 else times
+
+
+def load_measured_runs(paths: list[str], setup: dict | None = None) -> list[MeasuredRun]:
+    """Every measured run under `paths`: vllm bench JSONs, run folders, or folders holding either. `setup` fills
+    in what run folders do not say (`hardware`, `model`, `tensor_parallel`, `max_num_seqs`, ...)."""
+    runs = []
+    for path in map(Path, paths):
+        if (path / "summary.json").is_file():
+            runs.append(load_run_folder(path, setup or {}))
+        elif path.is_dir():
+            runs += [load_measured(p) for p in sorted(path.glob("*.json"))]
+            runs += [load_run_folder(p.parent, setup or {}) for p in sorted(path.glob("*/summary.json"))]
+        else:
+            runs.append(load_measured(path))
+    return runs
+
+
+def load_run_folder(path: Path, setup: dict) -> MeasuredRun:
+    """A finished run folder of this harness as a measured run; the requests it finished are its workload."""
+    summary = json.loads((path / "summary.json").read_text())
+    config = OmegaConf.load(path / "config.yaml")
+    table = next((path / f"requests.{ext}" for ext in ("csv", "parquet") if (path / f"requests.{ext}").is_file()),
+                 None)
+    if table is None:
+        raise MeasuredRunError(f"measured run {str(path)!r} has no requests table (requests.csv or .parquet)")
+    requests = pd.read_parquet(table) if table.suffix == ".parquet" else pd.read_csv(table)
+    finished = requests[requests.status == "finished"].sort_values("arrival_s")
+    runner = config.runner.name
+    hardware = setup.get("hardware") or (config.runner.get("hardware") if runner == "sim" else None)
+    model = setup.get("model") or config.model.name
+    if not hardware:
+        raise MeasuredRunError(f"measured run {str(path)!r}: say which GPU it ran on (setup hardware=<name from "
+                               "conf/hardware/>)")
+    specs = [RequestSpec(i, float(t), (), int(o), prompt_len=int(p)) for i, (t, p, o) in
+             enumerate(zip(finished.arrival_s - finished.arrival_s.min(), finished.prompt_len,
+                           finished.num_output_tokens))]
+    if not specs:
+        raise MeasuredRunError(f"measured run {str(path)!r} finished no request")
+    metrics = {ours: float(summary[ours]) for ours, _ in METRICS.values() if summary.get(ours) is not None}
+    concurrency = config.workload.get("max_concurrency")
+    return MeasuredRun(
+        name=path.name, source=str(path), hardware=hardware, model=model, requests=specs,
+        max_concurrency=int(concurrency) if concurrency else None, metrics=metrics,
+        tensor_parallel=int(setup.get("tensor_parallel", config.runner.get("tensor_parallel", 1))),
+        max_num_seqs=setup.get("max_num_seqs"), max_num_batched_tokens=setup.get("max_num_batched_tokens"),
+        memory_fraction=float(setup.get("gpu_memory_utilization", config.kv_cache.memory_fraction)),
+        served_over_http=runner in ("openai", "sim"), setup=setup)

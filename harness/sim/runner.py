@@ -18,9 +18,3 @@ class SimRunner:
         shape = step_shape(plan)
         return StepResult(sampled=sampled, duration_s=self.cost_model.predict(shape),
                           overhead_s=self.cost_model.overhead(shape))
-
-    def decode_run(self, plan: BatchPlan, steps: int) -> list[tuple[float, float]]:
-        """(model, overhead) seconds of the `steps` decode-only steps after `plan`, each row one token further."""
-        shape = step_shape(plan)
-        overhead = self.cost_model.overhead(shape)  # the same sequences every step: the same overhead
-        return [(self.cost_model.predict(shape.after_decodes(j)), overhead) for j in range(1, steps + 1)]

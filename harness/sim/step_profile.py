@@ -12,6 +12,8 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
+
 from harness.analysis.results import write_text
 from harness.config import compose_config, validate
 from harness.core.kv_cache import BlockAllocator
@@ -72,7 +74,8 @@ def step_overhead(model, kernel_backend: str, block_size: int) -> float:
                            num_blocks=64, block_size=block_size, max_model_len=4096)
     specs = [RequestSpec(i, 0.0, tuple(range(1, 9 + i)), 24) for i in range(8)]
     records = engine.run(specs)
-    return statistics.median(s.duration_s - s.busy_s for s in records.steps)
+    steps = records.steps
+    return float(np.median(steps.column("duration_s") - steps.column("busy_s")))
 
 
 def main() -> None:

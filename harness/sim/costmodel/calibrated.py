@@ -105,3 +105,9 @@ class CalibratedCostModel:
         """Predicted seconds inside the model for a step of this shape."""
         grid = self.layouts["padded" if shape.padded else "ragged"]
         return max(grid(shape.num_tokens, shape.mean_context), 0.0)
+
+    def predict_many(self, shape: StepShape) -> np.ndarray:
+        """`predict` for many steps at once: a shape whose fields are arrays, one entry per step."""
+        grid = self.layouts["padded" if shape.padded else "ragged"]
+        tokens, context = np.broadcast_arrays(shape.num_tokens, shape.mean_context)
+        return np.array([max(grid(t, c), 0.0) for t, c in zip(tokens.tolist(), context.tolist())])

@@ -19,6 +19,8 @@ totals instead would let a compute-bound GEMM hide memory-bound attention, which
 comes from a transformers config, so a model can be described without ever being loaded.
 """
 
+import numpy as np
+
 from harness.model_spec import Architecture
 from harness.sim.costmodel.hardware import Hardware
 from harness.sim.costmodel.shape import StepShape
@@ -75,11 +77,19 @@ class RooflineCostModel:
     def predict(self, shape: StepShape) -> float:
         """Seconds inside the model for a step of this shape (the engine's overhead is `step_overhead_s`): each
         GPU's share of the kernels, and the all-reduces between them."""
+        return self._seconds(shape, max)
+
+    def predict_many(self, shape: StepShape) -> np.ndarray:
+        """`predict` for many steps at once: a shape whose fields are arrays, one entry per step."""
+        return self._seconds(shape, np.maximum)
+
+    def _seconds(self, shape: StepShape, maximum) -> float:
         n = self.tensor_parallel
         compute_rate = self.hardware.peak_flops * self.compute_efficiency * n
         memory_rate = self.hardware.memory_bandwidth * self.memory_efficiency * n
-        gemm = max(self.gemm_flops(shape) / compute_rate, self.arch.weight_bytes_read(shape.num_tokens) / memory_rate)
-        attention = max(self.attention_flops(shape) / compute_rate, self.kv_bytes(shape) / memory_rate)
+        gemm = maximum(self.gemm_flops(shape) / compute_rate,
+                       self.arch.weight_bytes_read(shape.num_tokens) / memory_rate)
+        attention = maximum(self.attention_flops(shape) / compute_rate, self.kv_bytes(shape) / memory_rate)
         return gemm + attention + self.allreduce_s(shape)
 
     def num_kv_blocks(self, block_size: int, memory_fraction: float) -> int:

@@ -1,6 +1,6 @@
 """A step's shape: the few numbers its cost depends on, computed in O(chunks) from its plan."""
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from strategies import BatchPlan
 
@@ -13,11 +13,6 @@ class StepShape:
     attention_pairs: int  # query-key pairs attention computes: sum q*k (ragged), rows*width*k_max (padded)
     kv_tokens_read: int  # cached tokens read: sum k (ragged), rows*k_max (padded)
     num_sampled: int  # positions that go through the LM head
-
-    def after_decodes(self, steps: int) -> "StepShape":
-        """This decode-only step `steps` steps later: every row has `steps` more cached keys."""
-        return replace(self, attention_pairs=self.attention_pairs + steps * self.num_tokens,
-                       kv_tokens_read=self.kv_tokens_read + steps * self.num_rows)
 
     @property
     def mean_context(self) -> float:

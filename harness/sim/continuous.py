@@ -1,0 +1,173 @@
+"""Continuous batching, simulated: `strategies.continuous`'s schedule (decodes first), at the cost of what changed.
+
+Each step, in the strategy's order: the decoders (only those at a block boundary can run out of cache, and they
+ask in admission order), then the requests still prefilling, then admissions from the queue. A request that
+cannot get its blocks preempts the newest running request, as the strategy does, until it can or it is itself
+the newest. Prefilling requests and admissions are few per step; the decoders are a `DecodeSet`.
+"""
+
+import numpy as np
+
+from harness.core.replay import Arrivals
+from harness.sim.costmodel import StepShape
+from harness.sim.engine import SimEngine
+from strategies import Request, RequestStatus
+from strategies.continuous import ContinuousBatching
+
+# A decode-only stretch runs as arrays when it lasts this many steps: it then sets each decoder's blocks once.
+MIN_DECODE_RUN = 16
+
+
+class SimContinuous(SimEngine):
+    strategy: ContinuousBatching
+
+    def __init__(self, strategy: ContinuousBatching, *args, **kwargs):
+        assert self.covers(strategy), "use the step-by-step Engine for these options"
+        super().__init__(strategy, *args, **kwargs)
+        self.prefilling: dict[int, Request] = {}  # running requests not decoding, in admission order
+
+    @staticmethod
+    def covers(strategy: ContinuousBatching) -> bool:
+        """Decodes first, and every decoder fits the token budget: otherwise which decoders run is decided request
+        by request, as the step-by-step engine does."""
+        return strategy.order == "decode_first" and strategy.max_num_seqs <= strategy.max_batch_tokens
+
+    def step(self, arrivals: Arrivals | None = None) -> None:
+        step = len(self.records.steps)
+        budget = self.strategy.max_batch_tokens
+        preempted: list[Request] = []
+        crossing = self.decoders.crossing(step)
+        if len(crossing) <= self.allocator.num_free_blocks:  # a block each, whatever the order
+            for request in crossing:
+                self.held[request.request_id] += 1
+            self.allocator.take(len(crossing))
+            crossing = []
+        for request in sorted(crossing, key=lambda r: self._admitted_as[r.request_id]):
+            if request.request_id not in self.running:
+                continue  # preempted by an older request in this step
+            while self.allocator.num_free_blocks < 1:
+                victim, _ = self._preempt_newest(step)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            else:
+                self._hold(request, 1)
+        budget -= len(self.decoders)
+
+        chunks: list[tuple[Request, int, int]] = []  # (request, first token, tokens)
+        for request in list(self.prefilling.values()):
+            if budget == 0:
+                break
+            if request.request_id not in self.running:
+                continue
+            start = request.num_computed_tokens
+            num_new = self._num_new_tokens(request, budget)
+            needed = self.allocator.num_blocks_for(start + num_new) - self.held.get(request.request_id, 0)
+            while needed > self.allocator.num_free_blocks:
+                victim, was_decoding = self._preempt_newest(step)
+                preempted.append(victim)
+                budget += was_decoding  # a decoder's token was in the budget
+                if victim is request:
+                    break
+            else:
+                self._hold(request, max(needed, 0))
+                chunks.append((request, start, num_new))
+                budget -= num_new
+
+        if not preempted:  # preempting means the cache is full: admitting now would only preempt again
+            while self.waiting and budget and len(self.running) < self.strategy.max_num_seqs:
+                request = self.waiting[0]
+                num_new = self._num_new_tokens(request, budget)
+                needed = self.allocator.num_blocks_for(num_new)
+                if needed > self.allocator.num_free_blocks:
+                    break
+                self._admit(request)
+                self.prefilling[request.request_id] = request
+                self._hold(request, needed)
+                chunks.append((request, 0, num_new))
+                budget -= num_new
+        for victim in preempted:
+            self.waiting.appendleft(victim)
+
+        num_decode = len(self.decoders)  # those a prefill preempted are gone
+        keys = self.decoders.keys_read(step)
+        pairs, num_prefill, num_sampled = keys, 0, num_decode
+        for request, start, num_new in chunks:
+            if request.first_scheduled_s is None:
+                request.first_scheduled_s = self.clock
+            keys += start + num_new
+            pairs += num_new * (start + num_new)
+            num_prefill += num_new
+            num_sampled += start + num_new == request.num_tokens
+        rows = num_decode + len(chunks)
+        shape = StepShape(False, num_decode + num_prefill, rows, pairs, keys, num_sampled)
+        end_s = self._record(step, shape, num_prefill=num_prefill, num_decode=num_decode, row_width=0,
+                             num_preempted=len(preempted), num_seqs=rows)
+
+        self._decoded(step, end_s)
+        for request in self.decoders.finishing(step):
+            self._release(request)
+            self._finish(request, end_s)
+        for request, start, num_new in chunks:
+            request.num_computed_tokens = start + num_new
+            if start + num_new == request.num_tokens:
+                self._sampled(request, end_s)
+                if request.num_output_tokens == request.max_new_tokens:
+                    del self.prefilling[request.request_id]
+                    self._release(request)
+                    self._finish(request, end_s)
+                    continue
+            if request.num_computed_tokens + 1 == request.num_tokens >= request.num_prompt_tokens + 1:
+                del self.prefilling[request.request_id]
+                self._join_decoders(request, step + 1)
+        self._keep_decoding(arrivals)
+
+    def _keep_decoding(self, arrivals: Arrivals | None) -> None:
+        """The decode-only steps that follow, up to the next finish or the first a decoder's block would not fit."""
+        if self.prefilling or self._late_first_decode or not self._may_run(arrivals):
+            return
+        step = len(self.records.steps)
+        num_steps = self.decoders.next_finish() - step + 1
+        if num_steps < MIN_DECODE_RUN:
+            return
+        phases = np.array(self.decoders.phase_sizes())
+        taken = np.cumsum(phases[(step + np.arange(num_steps)) % len(phases)])  # [N] new blocks by each step's end
+        num_steps = int(np.searchsorted(taken, self.allocator.num_free_blocks, side="right"))
+        if num_steps == 0:
+            return
+        decoders = self.decoders
+        n = len(decoders)
+        keys = decoders.sum_base + n * (step + 1 + np.arange(num_steps))  # [N] one more key a decoder a step
+        ran = self._run_steps(step, arrivals, StepShape(False, n, n, keys, keys, n), num_decode=n, num_padding=0,
+                              row_width=0, kv_used_blocks=self.allocator.num_used_blocks + taken[:num_steps])
+        self.allocator.take(int(taken[ran - 1]))
+        for rid, base in decoders.base.items():  # each holds the blocks of its cached tokens
+            self.held[rid] = self.allocator.num_blocks_for(base + step + ran)
+        for request in decoders.finishing(step + ran - 1):
+            self._release(request)
+            self._finish(request, self.clock)
+
+    def _may_admit(self) -> bool:
+        if not self.waiting or len(self.running) >= self.strategy.max_num_seqs:
+            return False
+        budget = self.strategy.max_batch_tokens - len(self.decoders)
+        return budget > 0 and self.allocator.num_blocks_for(
+            self._num_new_tokens(self.waiting[0], budget)) <= self.allocator.num_free_blocks
+
+    def _preempt_newest(self, step: int) -> tuple[Request, bool]:
+        """Evict the newest running request: its cache goes, and it will recompute its tokens from the queue.
+        Returns it, and whether it was decoding."""
+        rid, victim = self.running.popitem()
+        was_decoding = rid in self.decoders
+        if was_decoding:
+            self._leave_decoders(victim, step)
+        else:
+            del self.prefilling[rid]
+        self._release(victim)
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        return victim, was_decoding
+
+    def _num_new_tokens(self, request: Request, budget: int) -> int:
+        return min(request.num_tokens - request.num_computed_tokens, budget, self.strategy.max_prefill_chunk)

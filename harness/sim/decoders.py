@@ -1,0 +1,91 @@
+"""The running requests that decode one token at every step, kept as aggregates so a step costs what changed.
+
+A member that joined at step `s0` with `c0` computed tokens has `base + s` computed when step `s` starts
+(`base = c0 - s0`), without being touched in between. So a step over the set reads `sum(base) + n (s + 1)`
+cached keys, its longest row has `max(base) + s + 1`, a member needs a new cache block at step `s` when
+`(base + s) % block_size == 0` (one group per residue), and it finishes after step
+`max_new_tokens + prompt - 2 - base`. Joining and leaving are O(1) (O(log n) for the longest row).
+"""
+
+import heapq
+from collections import defaultdict
+
+from strategies import Request
+
+
+class DecodeSet:
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self.base: dict[int, int] = {}  # request_id → computed tokens at step 0, were it a member all along
+        self.sum_base = 0
+        # request_id → request, by the residue of -base: the members that need a block at steps s ≡ residue.
+        self._by_phase: list[dict[int, Request]] = [{} for _ in range(block_size)]
+        self._finishing: dict[int, dict[int, Request]] = defaultdict(dict)  # step → members done after it
+        self._longest: list[tuple[int, int]] = []  # max-heap of (-base, request_id), stale entries skipped
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __contains__(self, request_id: int) -> bool:
+        return request_id in self.base
+
+    def join(self, request: Request, step: int, num_computed: int) -> None:
+        """`request` decodes from `step` on, with `num_computed` tokens cached (all but its last)."""
+        rid = request.request_id
+        base = num_computed - step
+        self.base[rid] = base
+        self.sum_base += base
+        self._by_phase[-base % self.block_size][rid] = request
+        self._finishing[self._last_step(request, base)][rid] = request
+        heapq.heappush(self._longest, (-base, rid))
+
+    def leave(self, request: Request, step: int) -> int:
+        """Remove `request` before `step` runs; returns its computed tokens then."""
+        rid = request.request_id
+        base = self.base.pop(rid)
+        self.sum_base -= base
+        del self._by_phase[-base % self.block_size][rid]
+        del self._finishing[self._last_step(request, base)][rid]
+        return base + step
+
+    @staticmethod
+    def _last_step(request: Request, base: int) -> int:
+        # After step s a member holds base + s + 2 tokens, prompt included.
+        return request.num_prompt_tokens + request.max_new_tokens - 2 - base
+
+    def computed(self, request_id: int, step: int) -> int:
+        return self.base[request_id] + step
+
+    def phase_sizes(self) -> list[int]:
+        """How many members need a block at steps s with s % block_size == i, for each i."""
+        return [len(group) for group in self._by_phase]
+
+    def crossing(self, step: int) -> list[Request]:
+        """Members that need a new block to decode at `step`."""
+        return list(self._by_phase[step % self.block_size].values())
+
+    def finishing(self, step: int) -> list[Request]:
+        """Members whose last token comes from `step`; they leave the set."""
+        done = self._finishing.pop(step, None)
+        if not done:
+            return []
+        for rid in done:
+            base = self.base.pop(rid)
+            self.sum_base -= base
+            del self._by_phase[-base % self.block_size][rid]
+        return list(done.values())
+
+    def keys_read(self, step: int) -> int:
+        """Cached keys the members' decode tokens attend to at `step` (their own new key included)."""
+        return self.sum_base + len(self.base) * (step + 1)
+
+    def longest_row(self, step: int) -> int:
+        """Keys of the longest member's row at `step` (0 with no member)."""
+        heap = self._longest
+        while heap and self.base.get(heap[0][1]) != -heap[0][0]:
+            heapq.heappop(heap)
+        return -heap[0][0] + step + 1 if heap else 0
+
+    def next_finish(self) -> int | None:
+        """The first step after which a member finishes."""
+        return min((s for s, members in self._finishing.items() if members), default=None)
