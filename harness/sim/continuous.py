@@ -15,7 +15,7 @@ from strategies import Request, RequestStatus
 from strategies.continuous import ContinuousBatching
 
 # A decode-only stretch runs as arrays when it lasts this many steps: it then sets each decoder's blocks once.
-MIN_DECODE_RUN = 16
+MIN_DECODE_RUN = 4
 
 
 class SimContinuous(SimEngine):
@@ -33,6 +33,8 @@ class SimContinuous(SimEngine):
         return strategy.order == "decode_first" and strategy.max_num_seqs <= strategy.max_batch_tokens
 
     def step(self, arrivals: Arrivals | None = None) -> None:
+        if self._decode_stretch(arrivals):
+            return
         step = len(self.records.steps)
         budget = self.strategy.max_batch_tokens
         preempted: list[Request] = []
@@ -120,21 +122,22 @@ class SimContinuous(SimEngine):
             if request.num_computed_tokens + 1 == request.num_tokens >= request.num_prompt_tokens + 1:
                 del self.prefilling[request.request_id]
                 self._join_decoders(request, step + 1)
-        self._keep_decoding(arrivals)
+        self._decode_stretch(arrivals)
 
-    def _keep_decoding(self, arrivals: Arrivals | None) -> None:
-        """The decode-only steps that follow, up to the next finish or the first a decoder's block would not fit."""
+    def _decode_stretch(self, arrivals: Arrivals | None) -> bool:
+        """The decode-only steps from here, up to the next finish or the first a decoder's block would not fit, if
+        they are several; returns whether they ran."""
         if self.prefilling or self._late_first_decode or not self._may_run(arrivals):
-            return
+            return False
         step = len(self.records.steps)
         num_steps = self.decoders.next_finish() - step + 1
         if num_steps < MIN_DECODE_RUN:
-            return
+            return False
         phases = np.array(self.decoders.phase_sizes())
         taken = np.cumsum(phases[(step + np.arange(num_steps)) % len(phases)])  # [N] new blocks by each step's end
         num_steps = int(np.searchsorted(taken, self.allocator.num_free_blocks, side="right"))
-        if num_steps == 0:
-            return
+        if num_steps < MIN_DECODE_RUN:
+            return False
         decoders = self.decoders
         n = len(decoders)
         keys = decoders.sum_base + n * (step + 1 + np.arange(num_steps))  # [N] one more key a decoder a step
@@ -146,6 +149,7 @@ class SimContinuous(SimEngine):
         for request in decoders.finishing(step + ran - 1):
             self._release(request)
             self._finish(request, self.clock)
+        return True
 
     def _may_admit(self) -> bool:
         if not self.waiting or len(self.running) >= self.strategy.max_num_seqs:

@@ -21,6 +21,7 @@ class DecodeSet:
         # request_id → request, by the residue of -base: the members that need a block at steps s ≡ residue.
         self._by_phase: list[dict[int, Request]] = [{} for _ in range(block_size)]
         self._finishing: dict[int, dict[int, Request]] = defaultdict(dict)  # step → members done after it
+        self._finish_steps: list[int] = []  # min-heap of the keys of `_finishing`, stale ones skipped
         self._longest: list[tuple[int, int]] = []  # max-heap of (-base, request_id), stale entries skipped
 
     def __len__(self) -> int:
@@ -36,7 +37,10 @@ class DecodeSet:
         self.base[rid] = base
         self.sum_base += base
         self._by_phase[-base % self.block_size][rid] = request
-        self._finishing[self._last_step(request, base)][rid] = request
+        last = self._last_step(request, base)
+        if last not in self._finishing:
+            heapq.heappush(self._finish_steps, last)
+        self._finishing[last][rid] = request
         heapq.heappush(self._longest, (-base, rid))
 
     def leave(self, request: Request, step: int) -> int:
@@ -45,16 +49,16 @@ class DecodeSet:
         base = self.base.pop(rid)
         self.sum_base -= base
         del self._by_phase[-base % self.block_size][rid]
-        del self._finishing[self._last_step(request, base)][rid]
+        last = self._last_step(request, base)
+        del self._finishing[last][rid]
+        if not self._finishing[last]:
+            del self._finishing[last]
         return base + step
 
     @staticmethod
     def _last_step(request: Request, base: int) -> int:
         # After step s a member holds base + s + 2 tokens, prompt included.
         return request.num_prompt_tokens + request.max_new_tokens - 2 - base
-
-    def computed(self, request_id: int, step: int) -> int:
-        return self.base[request_id] + step
 
     def phase_sizes(self) -> list[int]:
         """How many members need a block at steps s with s % block_size == i, for each i."""
@@ -88,4 +92,7 @@ class DecodeSet:
 
     def next_finish(self) -> int | None:
         """The first step after which a member finishes."""
-        return min((s for s, members in self._finishing.items() if members), default=None)
+        heap = self._finish_steps
+        while heap and heap[0] not in self._finishing:
+            heapq.heappop(heap)
+        return heap[0] if heap else None

@@ -39,10 +39,11 @@ class SimPadded(SimEngine):
                 self._join_decoders(request, step + 1)
         self._finished(done, end_s)
 
-    def _keep_decoding(self, arrivals: Arrivals | None, rows: int) -> None:
-        """After a decode-only step, the ones that follow up to the next finish, in `rows` padded rows."""
+    def _decode_stretch(self, arrivals: Arrivals | None, rows: int) -> bool:
+        """The decode-only steps from here up to the next finish, in `rows` padded rows, if several may run;
+        returns whether they ran."""
         if not self._may_run(arrivals):
-            return
+            return False
         step = len(self.records.steps)
         num_live = len(self.decoders)
         num_steps = self.decoders.next_finish() - step + 1
@@ -50,6 +51,7 @@ class SimPadded(SimEngine):
         ran = self._run_steps(step, arrivals, StepShape(True, rows, rows, keys, keys, rows), num_decode=num_live,
                               num_padding=rows - num_live, row_width=1, kv_used_blocks=self.allocator.num_used_blocks)
         self._finished(self.decoders.finishing(step + ran - 1), self.clock)
+        return True
 
     def _finished(self, requests: list[Request], end_s: float) -> None:
         raise NotImplementedError
@@ -59,6 +61,8 @@ class SimDynamic(SimPadded):
     """Admit from the head of the queue while a row is free and its whole length's blocks are; then one step."""
 
     def step(self, arrivals: Arrivals | None = None) -> None:
+        if self._decode_stretch(arrivals, len(self.decoders)):
+            return
         step = len(self.records.steps)
         admitted = []
         while self._may_admit():
@@ -68,7 +72,7 @@ class SimDynamic(SimPadded):
             admitted.append(request)
         self._prefill_and_decode(step, admitted)
         if not admitted:
-            self._keep_decoding(arrivals, len(self.decoders))
+            self._decode_stretch(arrivals, len(self.decoders))
 
     def _may_admit(self) -> bool:
         return (bool(self.waiting) and len(self.running) < self.strategy.batch_size
@@ -91,8 +95,9 @@ class SimStatic(SimPadded):
     def step(self, arrivals: Arrivals | None = None) -> None:
         step = len(self.records.steps)
         if self.batch:
-            self._prefill_and_decode(step, [], num_idle_rows=len(self.batch) - len(self.decoders))
-            self._keep_decoding(arrivals, len(self.batch))
+            if not self._decode_stretch(arrivals, len(self.batch)):
+                self._prefill_and_decode(step, [], num_idle_rows=len(self.batch) - len(self.decoders))
+                self._decode_stretch(arrivals, len(self.batch))
             return
         candidates = [self.waiting[i] for i in range(min(self.strategy.batch_size, len(self.waiting)))]
         longest_prompt = longest_output = rows = 0
