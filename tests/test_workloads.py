@@ -137,6 +137,22 @@ def test_mooncake_hash_ids_give_shared_prefixes():
     assert requests[1].prompt_ids[:300] != requests[0].prompt_ids[:300]
 
 
+@pytest.mark.parametrize("name", ["azure", "burstgpt", "mooncake"])
+def test_a_time_window_selects_the_trace_requests_in_it(name):
+    whole = build_workload(trace_cfg(name, arrival="trace"), vocab_size=1000)
+    stamps = np.array([r.arrival_s for r in whole.requests])
+    start, duration = stamps[1], (stamps[-1] - stamps[1]) / 2
+    window = build_workload(trace_cfg(name, start_s=float(start), duration_s=float(duration)), vocab_size=1000)
+    inside = [r for r in whole.requests if start <= r.arrival_s < start + duration]
+    assert [(r.prompt_len, r.max_new_tokens) for r in window.requests] == [(r.prompt_len, r.max_new_tokens)
+                                                                            for r in inside]
+    assert [r.arrival_s for r in window.requests] == pytest.approx([r.arrival_s - start for r in inside])
+    first_two = build_workload(trace_cfg(name, start_s=float(start), num_requests=2), vocab_size=1000)
+    assert [r.prompt_len for r in first_two.requests] == [r.prompt_len for r in inside[:2]]
+    with pytest.raises(WorkloadError, match="has no request between"):
+        build_workload(trace_cfg(name, start_s=float(stamps[-1]) + 1.0), vocab_size=1000)
+
+
 def test_trace_sampling_and_clamps():
     first = build_workload(trace_cfg("azure", num_requests=4), vocab_size=1000).requests
     sampled = build_workload(trace_cfg("azure", num_requests=4, sample="random"), vocab_size=1000).requests

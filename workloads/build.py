@@ -90,13 +90,15 @@ def _prompt_ids(cfg, rows: SourceRows, chosen: np.ndarray, prompt_lens: np.ndarr
 def _read_source(cfg, n: int, rng: np.random.Generator, vocab_size: int, hf_tokenizer) -> SourceRows:
     if isinstance(cfg, TraceWorkload):
         if cfg.source == "azure":  # the first n requests are its first n rows: the rest is not read
-            trace = load_azure(cfg.path, cfg.timestamp_unit, n if cfg.sample == "first" else None)
+            first_rows = cfg.sample == "first" and cfg.start_s == 0
+            trace = load_azure(cfg.path, cfg.timestamp_unit, n if first_rows else None)
         elif cfg.source == "burstgpt":  # rows it drops (a model filter, failed requests) make n rows too few
             trace = load_burstgpt(cfg.path, cfg.model)
         else:
             trace = load_mooncake(cfg.path)
-        return SourceRows(trace.prompt_lens, trace.output_lens, timestamps_s=trace.timestamps_s,
-                          hash_ids=trace.hash_ids, info={"source": f"{cfg.source} trace {cfg.path}", **trace.info})
+        return _in_window(SourceRows(trace.prompt_lens, trace.output_lens, timestamps_s=trace.timestamps_s,
+                                     hash_ids=trace.hash_ids,
+                                     info={"source": f"{cfg.source} trace {cfg.path}", **trace.info}), cfg)
     if isinstance(cfg, ShareGPTWorkload) and cfg.path:
         encode, tokenizer_name = text_encoder(vocab_size, hf_tokenizer)
         keep = cfg.filter
@@ -123,6 +125,20 @@ def _read_source(cfg, n: int, rng: np.random.Generator, vocab_size: int, hf_toke
     if max_total:
         output_lens = np.minimum(output_lens, max_total - prompt_lens)
     return SourceRows(prompt_lens, output_lens, info=info)
+
+
+def _in_window(rows: SourceRows, cfg: TraceWorkload) -> SourceRows:
+    """The trace's requests from `start_s` for `duration_s` (seconds from its first request)."""
+    if cfg.start_s == 0 and cfg.duration_s is None:
+        return rows
+    end = cfg.start_s + cfg.duration_s if cfg.duration_s is not None else np.inf
+    keep = np.flatnonzero((rows.timestamps_s >= cfg.start_s) & (rows.timestamps_s < end))
+    if not len(keep):
+        raise WorkloadError(f"trace file {cfg.path!r} has no request between {cfg.start_s:g} s and {end:g} s from its "
+                            f"first (it spans {rows.timestamps_s[-1]:g} s)")
+    return SourceRows(rows.prompt_lens[keep], rows.output_lens[keep], timestamps_s=rows.timestamps_s[keep],
+                      hash_ids=[rows.hash_ids[i] for i in keep] if rows.hash_ids is not None else None,
+                      info=rows.info | {"window_s": [cfg.start_s, end]})
 
 
 def _random_rows(cfg: RandomWorkload, n: int, rng: np.random.Generator, vocab_size: int) -> SourceRows:

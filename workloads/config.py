@@ -175,6 +175,9 @@ class TraceWorkload(_Workload):
     sample: Literal["first", "random"] = "first"
     arrival: Literal["trace", *ARRIVALS] = "trace"
     time_scale: Positive = 1.0
+    # A time window of the trace, in seconds from its first request: a day of a week-long trace.
+    start_s: NonNegative = 0.0
+    duration_s: Positive | None = None
     model: str | None = None  # burstgpt: keep one model's rows
     # azure: TIMESTAMP as numbers needs their unit; date-time strings need none.
     timestamp_unit: Literal["s", "ms", "us", "ns"] | None = None
