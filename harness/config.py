@@ -78,6 +78,7 @@ class SimRunnerConfig(Strict):
     memory_efficiency: Fraction
     step_overhead_s: Annotated[Number, Field(ge=0, le=10)]
     seq_overhead_s: Annotated[Number, Field(ge=0, le=1)]
+    token_overhead_s: Annotated[Number, Field(ge=0, le=1)] = 0.0
     # Time from a client's send to the engine's queue (HTTP, tokenization): part of every TTFT vllm bench sees.
     frontend_latency_s: Annotated[Number, Field(ge=0, le=60)]
     # The front end's serial work per request (one event loop parses, tokenizes and hands requests on one by one):

@@ -41,6 +41,15 @@ def test_tensor_parallel_splits_the_work_and_adds_two_allreduces_a_layer():
     assert one.allreduce_s(step) == 0.0
 
 
+def test_the_engines_own_time_grows_with_sequences_and_tokens_and_not_with_gpus():
+    costs = [RooflineCostModel(arch("llama-3.1-70b"), H100, 0.5, 0.7, step_overhead_s=1e-3, seq_overhead_s=1e-6,
+                               token_overhead_s=1e-5, tensor_parallel=n) for n in (1, 4)]
+    prefill = StepShape(False, 2048, 4, 2048 * 300, 2048, 4)
+    for model in costs:
+        assert model.overhead(prefill) == pytest.approx(1e-3 + 4 * 1e-6 + 2048 * 1e-5)
+        assert model.overhead(decode_step(64, 1000)) == pytest.approx(1e-3 + 64 * 1e-6 + 64 * 1e-5)
+
+
 def test_a_70b_on_one_gpu_is_refused_and_runs_on_four(tmp_path):
     overrides = ["runner=sim", "runner.hardware=h100", "model=llama-3.1-70b", "workload.num_requests=8",
                  "progress=false"]
@@ -75,7 +84,7 @@ def test_a_mixture_of_experts_reads_the_experts_its_tokens_touch():
 
 @pytest.mark.parametrize("path", [p for p in MULTI_GPU if "llama" in p.stem], ids=lambda p: p.stem)
 def test_the_defaults_predict_a_dense_tensor_parallel_run(path):
-    """A 70B on four H100s, never fitted: throughput and TPOT p50 within 15% (its TTFT is not: README)."""
+    """Dense models on several H100s, never fitted: throughput and TPOT p50 within 15% (TTFT is not: README)."""
     run = load_measured(path)
     errors = relative_errors(run, simulate(run, default_params(run.hardware)))
     assert abs(errors["output_throughput_tps"]) <= 0.15 and abs(errors["tpot_s_p50"]) <= 0.15, errors
@@ -88,6 +97,10 @@ def test_a_calibration_file_replaces_the_defaults_and_a_bad_one_is_named(tmp_pat
     path.write_text(yaml.safe_dump({"params": params}))
     runner = validate(compose_config(["runner=sim", "runner.hardware=h100", f"runner.calibration={path}"])).runner
     assert (runner.compute_efficiency, runner.memory_efficiency, runner.step_overhead_s) == (0.5, 0.8, 0.001)
+    assert runner.token_overhead_s == 0.0  # a file from before the per-token overhead was fitted without one
+    path.write_text(yaml.safe_dump({"params": params | {"token_overhead_s": 2e-5}}))
+    runner = validate(compose_config(["runner=sim", "runner.hardware=h100", f"runner.calibration={path}"])).runner
+    assert runner.token_overhead_s == 2e-5
     path.write_text(yaml.safe_dump({"params": {"compute_efficiency": 0.5}}))
     with pytest.raises(ConfigError, match="is not a file written by python -m harness.sim.calibrate"):
         validate(compose_config(["runner=sim", "runner.hardware=h100", f"runner.calibration={path}"]))
@@ -103,7 +116,8 @@ def test_calibrate_fits_measured_runs_and_reports_the_held_out(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     written = yaml.safe_load(out.read_text())
     assert set(written["params"]) == {"compute_efficiency", "memory_efficiency", "step_overhead_s",
-                                      "seq_overhead_s", "frontend_latency_s", "frontend_service_s"}
+                                      "seq_overhead_s", "token_overhead_s", "frontend_latency_s",
+                                      "frontend_service_s"}
     assert written["errors"]["kvcached-h100-qwen3-0.6b-rate-16"]["output_throughput_tps"] == pytest.approx(0,
                                                                                                            abs=0.05)
     assert "held out" in result.stdout and "lambda-h100-mistral-7b-10" in result.stdout

@@ -37,6 +37,7 @@ class RooflineParams:
     memory_efficiency: float
     step_overhead_s: float
     seq_overhead_s: float
+    token_overhead_s: float
     frontend_latency_s: float
     frontend_service_s: float
 
@@ -47,7 +48,8 @@ def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
     arch = Architecture.from_config(config, 2)  # bfloat16
     hardware = get_hardware(run.hardware)
     costs = RooflineCostModel(arch, hardware, params.compute_efficiency, params.memory_efficiency,
-                              params.step_overhead_s, params.seq_overhead_s, run.tensor_parallel)
+                              params.step_overhead_s, params.seq_overhead_s, run.tensor_parallel,
+                              params.token_overhead_s)
     default_seqs, default_tokens = hardware.serving_defaults
     options = {
         "max_num_seqs": run.max_num_seqs or default_seqs,
@@ -104,6 +106,7 @@ BOUNDS = RooflineParams(
     memory_efficiency=(0.05, 1.0),
     step_overhead_s=(0.0, 0.01),
     seq_overhead_s=(0.0, 1e-4),
+    token_overhead_s=(0.0, 5e-5),
     frontend_latency_s=(0.0, 0.1),
     frontend_service_s=(0.0, 0.02),
 )
@@ -138,6 +141,7 @@ def default_params(hardware: str) -> RooflineParams:
     efficiency = runner.compute_efficiency
     return RooflineParams(get_hardware(hardware).compute_efficiency if efficiency == "auto" else efficiency,
                           runner.memory_efficiency, runner.step_overhead_s, runner.seq_overhead_s,
+                          runner.token_overhead_s,
                           runner.frontend_latency_s, runner.frontend_service_s)
 
 
@@ -154,6 +158,9 @@ def load_calibration(path: str | Path) -> dict:
     except (OSError, yaml.YAMLError) as e:
         raise ValueError(f"runner.calibration: cannot read {str(path)!r}: {e}") from None
     figures = data.get("params") if isinstance(data, dict) else None
+    if isinstance(figures, dict):
+        # Files fitted before the per-token overhead existed were fitted without one.
+        figures = {"token_overhead_s": 0.0} | figures
     if not isinstance(figures, dict) or set(figures) != set(asdict(BOUNDS)):
         raise ValueError(f"runner.calibration: {str(path)!r} is not a file written by python -m "
                          f"harness.sim.calibrate (its params must be {', '.join(asdict(BOUNDS))})")

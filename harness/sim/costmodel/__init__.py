@@ -16,7 +16,8 @@ def build_cost_model(runner_cfg, arch: Architecture) -> RooflineCostModel | Cali
         hardware = get_hardware(runner_cfg.hardware)
         compute_efficiency = None if runner_cfg.compute_efficiency == "auto" else runner_cfg.compute_efficiency
         return RooflineCostModel(arch, hardware, compute_efficiency, runner_cfg.memory_efficiency,
-                                 runner_cfg.step_overhead_s, runner_cfg.seq_overhead_s, runner_cfg.tensor_parallel)
+                                 runner_cfg.step_overhead_s, runner_cfg.seq_overhead_s, runner_cfg.tensor_parallel,
+                                 runner_cfg.token_overhead_s)
     if not runner_cfg.profile:
         raise ValueError("runner=sim needs runner.hardware=<name> or runner.profile=<csv from python -m "
                          "harness.sim.step_profile>")

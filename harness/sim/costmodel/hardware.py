@@ -20,9 +20,9 @@ GB = 1e9
 GIB = 2**30
 # The share of peak FLOP/s a serving engine's kernels reach where a hardware file gives none: fitted to published
 # vLLM runs on Hopper GPUs (README "Grounding"). An older class reaches a larger share of its lower peak (an A100's
-# file says so), as FlashAttention-2 did: 50-73% of peak on an A100, about 35% on an H100 (FlashAttention-2 and -3
+# file says so), as FlashAttention-2 did: 50-73% of peak on an A100, less on an H100 (FlashAttention-2 and -3
 # papers, arXiv 2307.08691 and 2407.08608).
-DEFAULT_COMPUTE_EFFICIENCY = 0.34
+DEFAULT_COMPUTE_EFFICIENCY = 0.51
 
 
 class HardwareSpec(Strict):

@@ -14,7 +14,9 @@ bytes, and two all-reduces per layer (after attention and after the MLP) move th
 over the node's GPU-to-GPU links: a ring all-reduce sends 2 (N-1)/N of the message each way.
 
 The engine adds its own time per step: `step_overhead_s`, plus `seq_overhead_s` for each sequence in the step
-(scheduling, sampling and output processing are per-request work on the CPU). Taking one max over the step's
+(scheduling, sampling and output processing are per-request work on the CPU), plus `token_overhead_s` for each
+token (the host builds every token's position and cache slot: work that does not shrink with more GPUs or grow
+with a bigger model, which is why a prefill's time is not its FLOPs alone). Taking one max over the step's
 totals instead would let a compute-bound GEMM hide memory-bound attention, which no kernel does. The architecture
 comes from a transformers config, so a model can be described without ever being loaded.
 """
@@ -33,7 +35,7 @@ ALLREDUCE_LATENCY_S = 10e-6
 class RooflineCostModel:
     def __init__(self, arch: Architecture, hardware: Hardware, compute_efficiency: float | None = None,
                  memory_efficiency: float = 0.7, step_overhead_s: float = 0.0, seq_overhead_s: float = 0.0,
-                 tensor_parallel: int = 1):
+                 tensor_parallel: int = 1, token_overhead_s: float = 0.0):
         if arch.num_kv_heads % tensor_parallel:
             raise ValueError(f"runner.tensor_parallel={tensor_parallel} does not divide the model's "
                              f"{arch.num_kv_heads} KV heads: each GPU must hold whole heads")
@@ -42,10 +44,12 @@ class RooflineCostModel:
         self.compute_efficiency = compute_efficiency or hardware.compute_efficiency
         self.memory_efficiency = memory_efficiency
         self.step_overhead_s, self.seq_overhead_s = step_overhead_s, seq_overhead_s
+        self.token_overhead_s = token_overhead_s
 
     def overhead(self, shape: StepShape) -> float:
-        """The engine's own seconds for a step: fixed, plus per sequence (rows of a padded rectangle included)."""
-        return self.step_overhead_s + self.seq_overhead_s * shape.num_rows
+        """The engine's own seconds for a step: fixed, plus per sequence (rows of a padded rectangle included) and
+        per token (padding included)."""
+        return self.step_overhead_s + self.seq_overhead_s * shape.num_rows + self.token_overhead_s * shape.num_tokens
 
     def gemm_flops(self, shape: StepShape) -> float:
         a = self.arch
