@@ -106,7 +106,7 @@ class SimContinuous(SimEngine):
         end_s = self._record(step, shape, num_prefill=num_prefill, num_decode=num_decode, row_width=0,
                              num_preempted=len(preempted), num_seqs=rows)
 
-        self._decoded(step, end_s)
+        self._decoded(end_s)
         for request in self.decoders.finishing(step):
             self._release(request)
             self._finish(request, end_s)

@@ -71,8 +71,8 @@ class SimEngine(Engine):
         # joined without sampling and has not decoded yet.
         self._last_token_s[request.request_id] = self._late_first_decode.pop(request.request_id, self.clock)
 
-    def _decoded(self, step: int, end_s: float) -> None:
-        """The decoders' tokens of `step`, which ended at `end_s`: one gap each, one step long unless recorded."""
+    def _decoded(self, end_s: float) -> None:
+        """The decoders' tokens of the step that ended at `end_s`: one gap each, one step long unless recorded."""
         late = self._late_first_decode
         if late:
             self.records.other_gaps.extend(end_s - last for last in late.values())
@@ -95,6 +95,7 @@ class SimEngine(Engine):
         request.num_output_tokens = request.max_new_tokens
         request.num_computed_tokens = request.num_prompt_tokens + request.max_new_tokens - 1
         del self.running[request.request_id]
+        del self._admitted_as[request.request_id]
         self._last_token_s.pop(request.request_id, None)
         self._done(end_s)
 

@@ -27,7 +27,7 @@ class SimPadded(SimEngine):
         shape = StepShape(True, rows * width, rows, rows * width * longest, rows * longest, rows)
         end_s = self._record(step, shape, num_prefill=num_prefill, num_decode=num_decode, row_width=width,
                              num_seqs=num_decode + len(admitted))
-        self._decoded(step, end_s)
+        self._decoded(end_s)
         self._finished(self.decoders.finishing(step), end_s)
         done = []
         for request in admitted:
