@@ -60,22 +60,18 @@ def inter_token_latencies(runs: list[RunRecords]) -> tuple[np.ndarray, np.ndarra
     """Every gap between consecutive tokens of a request, pooled over requests and replicas, as (values, how
     many times each occurs): per token where requests keep their token times, per step where the simulator
     counted the requests that got a token one step after their previous one."""
-    values, weights = [], []
+    one_by_one, per_step, counts = [np.array([])], [np.array([])], [np.array([], dtype=np.int64)]
     for records in runs:
-        for r in records.requests:
-            if len(r.token_times_s) > 1:
-                values.append(np.diff(r.token_times_s))
-        values.append(np.frombuffer(records.other_gaps, dtype=float))
-        weights += [np.ones(len(v), dtype=np.int64) for v in values[len(weights):]]
-        counts = np.frombuffer(records.gaps_per_step, dtype=np.int64)  # [steps]
-        if counts[1:].any():
+        one_by_one += [np.diff(r.token_times_s) for r in records.requests if len(r.token_times_s) > 1]
+        one_by_one.append(np.frombuffer(records.other_gaps, dtype=float))
+        gaps = np.frombuffer(records.gaps_per_step, dtype=np.int64)[1:]  # [steps - 1]: none before step 0
+        if gaps.any():
             ends = records.steps.column("start_s") + records.steps.column("duration_s")  # as the clock moved
-            every = counts[1:] > 0
-            values.append((ends[1:] - ends[:-1])[every])
-            weights.append(counts[1:][every])
-    if not values:
-        return np.array([]), np.array([], dtype=np.int64)
-    return np.concatenate(values), np.concatenate(weights)
+            per_step.append((ends[1:] - ends[:-1])[gaps > 0])
+            counts.append(gaps[gaps > 0])
+    singles = np.concatenate(one_by_one)
+    return (np.concatenate([singles, *per_step]),
+            np.concatenate([np.ones(singles.size, dtype=np.int64), *counts]))
 
 
 def distribution(name: str, values, weights=None) -> dict[str, float]:

@@ -1,42 +1,45 @@
-"""The paged KV cache's bookkeeping: a pool of blocks, a free list and one block table per request.
-
-Shared by real and simulated runs; the real runner adds the tensors `[num_blocks, block_size, H_kv, D]`.
+"""The paged KV cache's bookkeeping: a pool of blocks, a free list and one block table per request
+(`BlockAllocator`, for the step-by-step engine: the real runner adds the tensors `[num_blocks, block_size, H_kv,
+D]`), or only how many blocks are held (`BlockCount`, for the simulated engines, which need no block ids).
 """
 
 from collections import deque
 
 
-class BlockCount:
-    """The cache as a simulator needs it: how many blocks are held, not which."""
+class CachePool:
+    """A pool of `num_blocks` blocks of `block_size` token slots."""
 
     def __init__(self, num_blocks: int, block_size: int):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"kv_cache needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._used = 0
-
-    @property
-    def num_free_blocks(self) -> int:
-        return self.num_blocks - self.num_used_blocks
-
-    @property
-    def num_used_blocks(self) -> int:
-        return self._used
 
     def num_blocks_for(self, num_tokens):
         """Blocks that hold `num_tokens` slots (ceil division; also elementwise on a numpy array)."""
         return -(-num_tokens // self.block_size)
 
+
+class BlockCount(CachePool):
+    """The cache as a simulator needs it: how many blocks are held, not which."""
+
+    def __init__(self, num_blocks: int, block_size: int):
+        super().__init__(num_blocks, block_size)
+        self.num_used_blocks = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.num_blocks - self.num_used_blocks
+
     def take(self, num_blocks: int) -> None:
         assert num_blocks <= self.num_free_blocks, "took blocks the cache does not have"
-        self._used += num_blocks
+        self.num_used_blocks += num_blocks
 
     def give(self, num_blocks: int) -> None:
-        self._used -= num_blocks
+        self.num_used_blocks -= num_blocks
 
 
-class BlockAllocator(BlockCount):
+class BlockAllocator(CachePool):
     """Which blocks each request holds: the real runner reads and writes its K/V through these tables."""
 
     def __init__(self, num_blocks: int, block_size: int):
