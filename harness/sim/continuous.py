@@ -10,12 +10,9 @@ import numpy as np
 
 from harness.core.replay import Arrivals
 from harness.sim.costmodel import StepShape
-from harness.sim.engine import SimEngine
+from harness.sim.engine import MIN_RUN_STEPS, SimEngine
 from strategies import Request, RequestStatus
 from strategies.continuous import ContinuousBatching
-
-# A decode-only stretch runs as arrays when it lasts this many steps: it then sets each decoder's blocks once.
-MIN_DECODE_RUN = 4
 
 
 class SimContinuous(SimEngine):
@@ -131,12 +128,12 @@ class SimContinuous(SimEngine):
             return False
         step = len(self.records.steps)
         num_steps = self.decoders.next_finish() - step + 1
-        if num_steps < MIN_DECODE_RUN:
+        if num_steps < MIN_RUN_STEPS:
             return False
         phases = np.array(self.decoders.phase_sizes())
         taken = np.cumsum(phases[(step + np.arange(num_steps)) % len(phases)])  # [N] new blocks by each step's end
         num_steps = int(np.searchsorted(taken, self.allocator.num_free_blocks, side="right"))
-        if num_steps < MIN_DECODE_RUN:
+        if num_steps < MIN_RUN_STEPS:
             return False
         decoders = self.decoders
         n = len(decoders)

@@ -17,7 +17,8 @@ from harness.sim.decoders import DecodeSet
 from harness.sim.runner import SimRunner
 from strategies import Request, RequestStatus, Strategy
 
-# A bulk of steps is timed as arrays only when the next event is at least this many steps away.
+# A bulk of steps is timed as arrays only when it is at least this many steps long (the next event this far
+# away): one step at a time is cheaper for one or two, and a stretch sets each decoder's blocks once.
 MIN_RUN_STEPS = 4
 
 
