@@ -46,7 +46,7 @@ class ContinuousBatching(Strategy):
                 break
             if request in preempted:
                 continue
-            num_new = self._num_new_tokens(request, budget)
+            num_new = self.num_new_tokens(request, budget)
             while not self.kv.allocate(request.request_id, request.num_computed_tokens + num_new):
                 # Recompute-style preemption: the victim's cache goes; the engine queues it first again.
                 victim = staying.pop()
@@ -66,7 +66,7 @@ class ContinuousBatching(Strategy):
             for request in waiting:
                 if budget == 0 or len(staying) + len(admitted) >= self.max_num_seqs:
                     break
-                num_new = self._num_new_tokens(request, budget)
+                num_new = self.num_new_tokens(request, budget)
                 if not self.kv.allocate(request.request_id, num_new):
                     break
                 admitted.append(request)
@@ -75,5 +75,6 @@ class ContinuousBatching(Strategy):
 
         return BatchPlan(chunks=list(scheduled.values()), admitted=admitted, preempted=preempted)
 
-    def _num_new_tokens(self, request: Request, budget: int) -> int:
+    def num_new_tokens(self, request: Request, budget: int) -> int:
+        """The tokens `request` runs next under `budget`: the rest of its prompt (or recompute) up to the chunk cap."""
         return min(request.num_tokens - request.num_computed_tokens, budget, self.max_prefill_chunk)

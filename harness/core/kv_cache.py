@@ -55,9 +55,6 @@ class BlockAllocator(CachePool):
     def num_used_blocks(self) -> int:
         return self.num_blocks - len(self._free)
 
-    def num_blocks_held(self, request_id: int) -> int:
-        return len(self.block_tables.get(request_id, ()))
-
     def allocate(self, request_id: int, num_tokens: int) -> bool:
         """Grow the request's table to hold `num_tokens` slots. All or nothing: False if the blocks aren't free."""
         table = self.block_tables.get(request_id)

@@ -52,9 +52,6 @@ class StepLog:
         """A read-only view of one column."""
         return np.frombuffer(self._columns[name], dtype=_DTYPES[STEP_COLUMNS[name]])
 
-    def row(self, index: int) -> dict:
-        return {name: column[index] for name, column in self._columns.items()}
-
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame({name: self.column(name).copy() for name in self._columns})
 

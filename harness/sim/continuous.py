@@ -60,7 +60,7 @@ class SimContinuous(SimEngine):
             if request.request_id not in self.running:
                 continue
             start = request.num_computed_tokens
-            num_new = self._num_new_tokens(request, budget)
+            num_new = self.strategy.num_new_tokens(request, budget)
             needed = self.allocator.num_blocks_for(start + num_new) - self.held.get(request.request_id, 0)
             while needed > self.allocator.num_free_blocks:
                 victim, was_decoding = self._preempt_newest(step)
@@ -76,7 +76,7 @@ class SimContinuous(SimEngine):
         if not preempted:  # preempting means the cache is full: admitting now would only preempt again
             while self.waiting and budget and len(self.running) < self.strategy.max_num_seqs:
                 request = self.waiting[0]
-                num_new = self._num_new_tokens(request, budget)
+                num_new = self.strategy.num_new_tokens(request, budget)
                 needed = self.allocator.num_blocks_for(num_new)
                 if needed > self.allocator.num_free_blocks:
                     break
@@ -153,7 +153,7 @@ class SimContinuous(SimEngine):
             return False
         budget = self.strategy.max_batch_tokens - len(self.decoders)
         return budget > 0 and self.allocator.num_blocks_for(
-            self._num_new_tokens(self.waiting[0], budget)) <= self.allocator.num_free_blocks
+            self.strategy.num_new_tokens(self.waiting[0], budget)) <= self.allocator.num_free_blocks
 
     def _preempt_newest(self, step: int) -> tuple[Request, bool]:
         """Evict the newest running request: its cache goes, and it will recompute its tokens from the queue.
@@ -169,6 +169,3 @@ class SimContinuous(SimEngine):
         victim.num_computed_tokens = 0
         victim.num_preemptions += 1
         return victim, was_decoding
-
-    def _num_new_tokens(self, request: Request, budget: int) -> int:
-        return min(request.num_tokens - request.num_computed_tokens, budget, self.strategy.max_prefill_chunk)
