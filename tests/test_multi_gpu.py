@@ -35,10 +35,18 @@ def test_tensor_parallel_splits_the_work_and_adds_two_allreduces_a_layer():
     four = RooflineCostModel(arch("llama-3.1-70b"), H100, 0.5, 0.7, tensor_parallel=4)
     step = decode_step(64, 1000)
     message = 64 * 8192 * 2  # [T, hidden] in bf16
-    expected_allreduce = 2 * 80 * (10e-6 + 2 * 3 / 4 * message / (H100.interconnect_bandwidth / 2))
+    expected_allreduce = 2 * 80 * (2 * 3 * 3e-6 + 2 * 3 / 4 * message / (H100.interconnect_bandwidth / 2))
     assert four.allreduce_s(step) == pytest.approx(expected_allreduce)
     assert four.predict(step) == pytest.approx(one.predict(step) / 4 + expected_allreduce)
     assert one.allreduce_s(step) == 0.0
+
+
+def test_an_allreduce_pays_a_latency_for_each_step_of_its_ring():
+    step = decode_step(1, 0)  # a message too small for its bandwidth term to matter
+    latency = {n: RooflineCostModel(arch("llama-3-8b"), H100, 0.5, 0.7, tensor_parallel=n).allreduce_s(step)
+               for n in (2, 4, 8)}
+    assert latency[4] / latency[2] == pytest.approx(3, rel=0.01)  # 6 ring steps against 2
+    assert latency[8] / latency[2] == pytest.approx(7, rel=0.01)
 
 
 def test_the_engines_own_time_grows_with_sequences_and_tokens_and_not_with_gpus():
@@ -161,3 +169,42 @@ def test_a_run_folder_is_a_measured_run_the_simulator_reproduces(tmp_path):
     with pytest.raises(MeasuredRunError, match="say which GPU it ran on"):
         load_measured_runs([str(tmp_path / "run")])
     assert load_measured_runs([str(tmp_path / "run")], {"hardware": "h200"})[0].hardware == "h200"
+
+
+def test_ttfts_a_benchmark_counted_as_zero_count_as_zero_in_the_prediction(tmp_path):
+    # vLLM 0.5's client recorded TTFT 0 for an empty completion and averaged it in; the prediction is read alike.
+    data = json.loads((ROOT / "tests" / "fixtures" / "published" / "lambda-h100-mistral-7b-10.json").read_text())
+    del data["setup"]["empty_completion_ttft"]
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(data))
+    plain = load_measured(path)
+    assert plain.zero_ttft_requests == frozenset()
+    data["setup"]["empty_completion_ttft"] = "zero"
+    path.write_text(json.dumps(data))
+    empty = [i for i, n in enumerate(data["output_lens"]) if n == 0]
+    assert empty and load_measured(path).zero_ttft_requests == frozenset(empty)
+    data["ttfts"] = [0.0 if i < 6 else 0.05 for i in range(len(data["output_lens"]))]  # saved: they say which
+    path.write_text(json.dumps(data))
+    counted = load_measured(path)
+    assert counted.zero_ttft_requests == frozenset(range(6))
+    params = default_params("h100")
+    assert simulate(plain, params)["ttft_s_p50"] > 0
+    assert simulate(counted, params)["ttft_s_p50"] == 0.0  # six of ten at zero
+    assert simulate(counted, params)["output_throughput_tps"] == simulate(plain, params)["output_throughput_tps"]
+    data["setup"]["empty_completion_ttft"] = "zeros"
+    path.write_text(json.dumps(data))
+    with pytest.raises(MeasuredRunError, match="setup.empty_completion_ttft is zero or timed, not 'zeros'"):
+        load_measured(path)
+
+
+@pytest.mark.parametrize("gpus,meets", [(2, False), (4, True)])
+def test_the_capacity_experiment_answers_four_gpus_as_one_engine(gpus, meets, tmp_path):
+    # experiment=capacity_70b's question on a shorter stretch of its traffic: TP 4 meets both SLOs for every
+    # request, TP 2 cannot hold the sequences its 10 req/s keep in flight and falls behind.
+    config = compose_config(["experiment=capacity_70b", "strategy=continuous", f"runner.tensor_parallel={gpus}",
+                             "workload.num_requests=400", "progress=false"])
+    summary = run_job(config, tmp_path / "run")
+    assert summary["num_gpus"] == gpus and summary["num_finished"] == 400
+    met = summary["goodput_rps"] == pytest.approx(summary["request_throughput_rps"])
+    assert met == meets and (summary["ttft_s_p99"] <= 2.0) == meets
+    assert (summary["num_preemptions"] > 0) == (not meets)

@@ -11,7 +11,8 @@ A mixture of experts reads, per layer, the experts its step's tokens are expecte
 routing over T tokens), and computes only the experts each token is routed to. With `tensor_parallel` N, the GPUs
 of one node split every weight matrix and the KV heads N ways, each computing 1/N of the FLOPs over 1/N of the
 bytes, and two all-reduces per layer (after attention and after the MLP) move the step's activations between them
-over the node's GPU-to-GPU links: a ring all-reduce sends 2 (N-1)/N of the message each way.
+over the node's GPU-to-GPU links: a ring all-reduce takes 2 (N-1) steps, each sending 1/N of the message to the
+next GPU, so it costs 2 (N-1) step latencies plus 2 (N-1)/N of the message over the link.
 
 The engine adds its own time per step: `step_overhead_s`, plus `seq_overhead_s` for each sequence in the step
 (scheduling, sampling and output processing are per-request work on the CPU), plus `token_overhead_s` for each
@@ -27,9 +28,12 @@ from harness.model_spec import Architecture
 from harness.sim.costmodel.hardware import Hardware
 from harness.sim.costmodel.shape import StepShape
 
-# The fixed cost of one all-reduce between the GPUs of a node: NCCL's small-message all-reduce takes on the order
-# of 10 µs over NVLink (launch and synchronisation, whatever the size).
-ALLREDUCE_LATENCY_S = 10e-6
+# The fixed cost of one step of a ring all-reduce over NVLink (a hand-off to the next GPU and its wait), whatever
+# the size. Fitted to Lambda's vLLM runs of Llama-3-8B on 2 and 4 H100s and Llama-3-70B on 4 and 8
+# (`tests/fixtures/published/multi_gpu/`): one fixed cost per all-reduce cannot give both 2 and 8 GPUs their
+# throughput (10 µs leaves 8 GPUs 27% too fast, 30 µs leaves 2 GPUs 9% too slow), a cost per ring step can. Eight
+# GPUs then take 42 µs an all-reduce, the order of NCCL's small-message all-reduce on 8 H100s.
+ALLREDUCE_STEP_LATENCY_S = 3e-6
 
 
 class RooflineCostModel:
@@ -76,7 +80,7 @@ class RooflineCostModel:
             return 0.0
         message = shape.num_tokens * self.arch.hidden_size * self.arch.bytes_per_param
         one_way = self.hardware.interconnect_bandwidth / 2  # the catalogue gives both directions together
-        return 2 * self.arch.num_layers * (ALLREDUCE_LATENCY_S + 2 * (n - 1) / n * message / one_way)
+        return 2 * self.arch.num_layers * 2 * (n - 1) * (ALLREDUCE_STEP_LATENCY_S + message / n / one_way)
 
     def predict(self, shape: StepShape) -> float:
         """Seconds inside the model for a step of this shape (the engine's overhead is `step_overhead_s`): each
