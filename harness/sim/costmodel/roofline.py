@@ -28,12 +28,16 @@ from harness.model_spec import Architecture
 from harness.sim.costmodel.hardware import Hardware
 from harness.sim.costmodel.shape import StepShape
 
-# The fixed cost of one step of a ring all-reduce over NVLink (a hand-off to the next GPU and its wait), whatever
-# the size. Fitted to Lambda's vLLM runs of Llama-3-8B on 2 and 4 H100s and Llama-3-70B on 4 and 8
-# (`tests/fixtures/published/multi_gpu/`): one fixed cost per all-reduce cannot give both 2 and 8 GPUs their
-# throughput (10 µs leaves 8 GPUs 27% too fast, 30 µs leaves 2 GPUs 9% too slow), a cost per ring step can. Eight
-# GPUs then take 42 µs an all-reduce, the order of NCCL's small-message all-reduce on 8 H100s.
-ALLREDUCE_STEP_LATENCY_S = 3e-6
+# A ring all-reduce over NVLink: a fixed cost per ring step (a hand-off to the next GPU and its wait), and the
+# share of the link's one-way bandwidth it reaches for the messages of a serving step (0.1-40 MB). Both fitted to
+# Lambda's vLLM runs of Llama-3-8B on 2 and 4 H100s and Llama-3-70B on 4 and 8, at 10 and 320 prompts
+# (`tests/fixtures/published/multi_gpu/`), which they bring within 8.4% on throughput and TPOT: one fixed cost per
+# all-reduce cannot serve 2 and 8 GPUs together (10 µs leaves 8 GPUs 27% too fast, 30 µs leaves 2 GPUs 9% too
+# slow), and the full link speed makes 8 GPUs at low load 25% too slow or at high load too fast, whatever the
+# latency. 0.35 of NVLink 4's 450 GB/s is 160 GB/s, below the 460-480 GB/s bus bandwidth nccl-tests reaches on 8
+# H100s with gigabyte messages, as megabyte messages are.
+ALLREDUCE_STEP_LATENCY_S = 1.5e-6
+ALLREDUCE_BANDWIDTH_SHARE = 0.35
 
 
 class RooflineCostModel:
@@ -79,7 +83,8 @@ class RooflineCostModel:
         if n == 1:
             return 0.0
         message = shape.num_tokens * self.arch.hidden_size * self.arch.bytes_per_param
-        one_way = self.hardware.interconnect_bandwidth / 2  # the catalogue gives both directions together
+        # The catalogue gives both directions together.
+        one_way = self.hardware.interconnect_bandwidth / 2 * ALLREDUCE_BANDWIDTH_SHARE
         return 2 * self.arch.num_layers * 2 * (n - 1) * (ALLREDUCE_STEP_LATENCY_S + message / n / one_way)
 
     def predict(self, shape: StepShape) -> float:
