@@ -94,10 +94,11 @@ def test_a_mixture_of_experts_reads_the_experts_its_tokens_touch():
 
 @pytest.mark.parametrize("path", [p for p in MULTI_GPU if "llama" in p.stem], ids=lambda p: p.stem)
 def test_the_defaults_predict_a_dense_tensor_parallel_run(path):
-    """Dense models on several H100s, never fitted: throughput and TPOT p50 within 15% (TTFT is not: README)."""
+    """Dense models on several H100s (the all-reduce figures were fitted to them, the rest on one GPU): throughput
+    and TPOT p50 within 10%; TTFT is not held (README "Several GPUs")."""
     run = load_measured(path)
     errors = relative_errors(run, simulate(run, default_params(run.hardware)))
-    assert abs(errors["output_throughput_tps"]) <= 0.15 and abs(errors["tpot_s_p50"]) <= 0.15, errors
+    assert abs(errors["output_throughput_tps"]) <= 0.10 and abs(errors["tpot_s_p50"]) <= 0.10, errors
 
 
 def test_a_calibration_file_replaces_the_defaults_and_a_bad_one_is_named(tmp_path):
