@@ -35,7 +35,7 @@ from harness.sim.costmodel.shape import StepShape
 # all-reduce cannot serve 2 and 8 GPUs together (10 µs leaves 8 GPUs 27% too fast, 30 µs leaves 2 GPUs 9% too
 # slow), and the full link speed makes 8 GPUs at low load 25% too slow or at high load too fast, whatever the
 # latency. 0.35 of NVLink 4's 450 GB/s is 160 GB/s, below the 460-480 GB/s bus bandwidth nccl-tests reaches on 8
-# H100s with gigabyte messages, as megabyte messages are.
+# H100s with gigabyte messages (docs.alayanew.com/en/docs/tech-blog/2026-05-06-nccl-tests), as megabyte messages are.
 ALLREDUCE_STEP_LATENCY_S = 1.5e-6
 ALLREDUCE_BANDWIDTH_SHARE = 0.35
 
