@@ -24,7 +24,7 @@ from harness.analysis.results import (
     read_status,
     write_status,
 )
-from harness.config import PEERS, ConfigError, check_group_choices, expand_dict_overrides
+from harness.config import PEERS, ConfigError, check_group_choices, check_output_dirs, expand_dict_overrides
 from harness.job import run_job
 from workloads import WorkloadError
 
@@ -85,6 +85,7 @@ def _fail(message: str, in_sweep: bool) -> None:
 if __name__ == "__main__":
     try:
         check_group_choices(sys.argv[1:])
+        check_output_dirs(sys.argv[1:])
     except ConfigError as e:
         sys.exit(f"error: {e}")
     sys.argv[1:] = expand_dict_overrides(sys.argv[1:])

@@ -5,6 +5,7 @@ and the problem. The workload's part of the schema lives with the workloads (`wo
 choices with the strategy; this module adds the run's own keys and the rules that span several of them.
 """
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Annotated, Literal
@@ -33,7 +34,7 @@ class ConfigError(ValueError):
     pass
 
 
-# `auto`: the engine caps that fit the hardware (see `harness.job.engine_caps`), resolved when the run starts.
+# `auto`: the engine caps that fit the hardware (see `harness.run_parts.device_caps`), resolved when the run starts.
 Cap = Count | Literal["auto"]
 
 
@@ -154,6 +155,22 @@ PEERS = ("hf_generate", "hf_continuous", "openai")
 # `${system:${runner.name},${strategy.name}}`: what a run measured, for folder names: a peer, or our strategy.
 OmegaConf.register_new_resolver("system", lambda runner, strategy: runner if runner in PEERS else strategy,
                                 replace=True)
+MAX_FOLDER_NAME = 200  # bytes; file systems allow 255
+
+
+def folder_name(text: str) -> str:
+    """`text` (a sweep job's overrides) as one folder name, for any value: `/` (which would nest folders) and `%`
+    percent-encoded as in URLs, so `runner.url=http://h:8000/v1` reads `runner.url=http:%2F%2Fh:8000%2Fv1`; no
+    overrides at all is `defaults`; a name too long for the file system keeps its start and a digest of the
+    whole, so every job still has its own folder and a rerun finds it again."""
+    name = str(text).replace("%", "%25").replace("/", "%2F") or "defaults"
+    if len(name.encode()) > MAX_FOLDER_NAME:
+        digest = hashlib.sha1(name.encode()).hexdigest()[:12]
+        name = name.encode()[:MAX_FOLDER_NAME - 13].decode(errors="ignore") + "~" + digest
+    return name
+
+
+OmegaConf.register_new_resolver("folder_name", folder_name, replace=True)
 
 
 class ModelShape(BaseModel):
@@ -250,7 +267,7 @@ def validate(cfg: DictConfig) -> RunConfig:
     data = plain_config(cfg)
     runner = data.get("runner")
     if isinstance(runner, dict) and runner.get("name") == "sim" and runner.get("calibration"):
-        from harness.sim.calibrate import load_calibration  # its figures, then validated as if typed
+        from harness.sim.calibration import load_calibration  # its figures, then validated as if typed
 
         try:
             data["runner"] = runner | load_calibration(runner["calibration"])
@@ -344,6 +361,19 @@ def check_group_choices(overrides: list[str]) -> None:
             if isinstance(value, str) and value not in choices:
                 raise ConfigError(f"{override.key_or_group}={value} is not one of conf/{override.key_or_group}/: "
                                   f"{', '.join(choices)}")
+
+
+def check_output_dirs(overrides: list[str]) -> None:
+    """`hydra.run.dir` or `hydra.sweep.dir` at a file, or under one: one ConfigError, before Hydra tries to create
+    it (and fails with a traceback). A value with an interpolation is checked up to it."""
+    for text in overrides:
+        key, sep, value = text.partition("=")
+        if not sep or key.lstrip("+~") not in ("hydra.run.dir", "hydra.sweep.dir"):
+            continue
+        folder = Path(value.split("${")[0].strip("'\""))
+        for path in (folder, *folder.parents):
+            if path.exists() and not path.is_dir():
+                raise ConfigError(f"{key.lstrip('+~')}={value}: {path} is a file, not a folder")
 
 
 def compose_config(overrides: list[str]) -> DictConfig:

@@ -45,6 +45,19 @@ def test_a_closed_loop_client_keeps_at_most_c_requests_outstanding():
     assert [r.sent_s for r in requests] == [0.0, 0.0, 0.0, *finishes[:7]]
 
 
+def test_a_clients_cost_follows_its_requests_not_its_cap():
+    import tracemalloc
+
+    specs = make_specs([(6, 3)] * 16)
+    tracemalloc.start()
+    Client(specs, max_concurrency=10**9)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1 << 20  # a slot per allowed request would be 8 GB
+    capped, uncapped = run_client(specs, max_concurrency=10**9), run_client(specs, max_concurrency=None)
+    assert [(r.sent_s, r.finish_s) for r in capped] == [(r.sent_s, r.finish_s) for r in uncapped]
+
+
 def test_latencies_count_from_the_send_not_from_the_arrival():
     from harness.analysis.metrics import requests_table
     from harness.core.records import RunRecords

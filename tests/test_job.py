@@ -62,7 +62,7 @@ def test_a_request_longer_than_the_context_is_rejected_and_the_rest_run(tmp_path
     ("kv_cache.block_size=0", "kv_cache.block_size should be greater than or equal to 1, got 0"),
     ("kv_cache.num_blocks=3", "cannot hold one block for each of the 4 requests"),
     ("strategy.order=random", "strategy.order should be 'decode_first' or 'prefill_first', got 'random'"),
-    ("strategy.max_batch_tokens=-5", "strategy.max_batch_tokens should be greater than or equal to 1, got -5"),
+    ("strategy.max_batch_tokens=-5", "strategy.max_batch_tokens should be 'auto' or a whole number >= 1, got -5"),
 ])
 def test_bad_config_values_fail_before_any_work_naming_the_value(override, message, tmp_path):
     with pytest.raises(ConfigError, match=message):

@@ -2,6 +2,8 @@
 loopback port, over the default model saved with its word-level tokenizer. Nothing leaves the machine."""
 
 import json
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -13,6 +15,8 @@ from harness.config import ConfigError, compose_config
 from harness.job import run_job
 from harness.peers.server import launched_server, save_served_model, word_tokenizer
 from harness.real.model import load_model
+from harness.sim.measured import load_measured_runs
+from tests.conftest import ROOT
 
 SERVE = ("{python} -m transformers.cli.transformers serve {model_path} --continuous-batching --host 127.0.0.1 "
          "--port {port}")
@@ -49,6 +53,22 @@ def test_a_workload_streams_through_the_server_with_vllms_metrics(server, served
     expected = (requests.e2e_s - requests.ttft_s) / (requests.num_output_tokens - 1)
     assert requests.tpot_s.to_numpy() == pytest.approx(expected.to_numpy())
     assert summary["padding_waste"] is None and summary["busy_s"] is None  # a server reports neither
+
+
+def test_the_readmes_sweep_of_a_server_keeps_every_job_and_compares_them(server, served_model, tmp_path):
+    # The README's example: a URL and a model path in the overrides, both holding `/`.
+    done = subprocess.run([sys.executable, "-m", "harness", "-m", "runner=openai", f"runner.url={server}",
+                           f"runner.model={served_model}", "model=hf", f"model.name={served_model}",
+                           "runner.lengths=generation_config", "workload=random", "workload.num_requests=4",
+                           "workload.input_len=16", "workload.output_len=4", "workload.max_concurrency=1,4",
+                           "progress=false", f"hydra.sweep.dir={tmp_path}"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    comparison = pd.read_csv(tmp_path / "comparison.csv")
+    assert len(comparison) == 2 and (comparison.status == "finished").all()
+    assert all((tmp_path / run / "summary.json").is_file() and "/" not in run for run in comparison.run)
+    (measured,) = {len(run.requests) for run in load_measured_runs([str(tmp_path)], {"hardware": "h100"})}
+    assert measured == 4
 
 
 def test_a_wrong_model_name_is_one_clear_error(server, tmp_path):

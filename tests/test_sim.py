@@ -11,13 +11,14 @@ from harness.config import ConfigError, compose_config
 from harness.core.engine import Engine
 from harness.core.replay import replay
 from harness.core.replica import build_replica
-from harness.job import CPU_NUM_BLOCKS, auto_num_blocks, run_job
+from harness.job import run_job
 from harness.model_spec import Architecture
 from harness.real.runner import RealRunner
+from harness.run_parts import CPU_NUM_BLOCKS
 from harness.sim.costmodel import CalibratedCostModel, RooflineCostModel, StepShape
 from harness.sim.costmodel.calibrated import GridInterpolator
 from harness.sim.costmodel.hardware import Hardware, get_hardware
-from harness.sim.replica import SIMULATED_ENGINES, simulated_engine
+from harness.sim.replica import SIMULATED_ENGINES, auto_num_blocks, simulated_engine
 from harness.sim.router import ROUTERS
 from harness.sim.runner import SimRunner
 from strategies import RequestStatus
@@ -166,6 +167,11 @@ def test_a_simulated_cluster_reports_each_replica(tmp_path):
     replicas = pd.read_csv(tmp_path / "replicas.csv")
     assert len(replicas) == 3 and replicas.num_finished.sum() == 30
     assert set(pd.read_csv(tmp_path / "steps.csv").replica) == {0, 1, 2}
+    # Where the time went, in replica-seconds: busy, overhead and idle add up to the makespan of each replica.
+    assert summary["replica_s"] == pytest.approx(3 * summary["makespan_s"])
+    parts = summary["busy_s"] + summary["overhead_s"] + summary["idle_s"]
+    assert parts == pytest.approx(summary["replica_s"]) and summary["idle_s"] > 0 and summary["overhead_s"] > 0
+    assert "(3 replicas' time)" in (tmp_path / "report.md").read_text()
 
 
 @pytest.mark.parametrize("overrides,message", [

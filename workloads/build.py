@@ -12,7 +12,7 @@ from workloads.arrivals import arrival_times
 from workloads.config import RandomWorkload, ShareGPTWorkload, SyntheticWorkload, TraceWorkload, parse_workload
 from workloads.lengths import sample_lengths
 from workloads.sharegpt import load_sharegpt_pairs
-from workloads.spec import RequestSpec, Workload, WorkloadError, fits_context
+from workloads.spec import MAX_SPAN_S, RequestSpec, Workload, WorkloadError, fits_context
 from workloads.tokenizer import text_encoder
 from workloads.traces import load_azure, load_burstgpt, load_mooncake, prefix_prompt_ids
 
@@ -173,8 +173,18 @@ def _choose(available: int, n: int, how: str, rng: np.random.Generator) -> np.nd
 
 def _arrivals(cfg, rows: SourceRows, chosen: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     if cfg.arrival != "trace":
-        return arrival_times(cfg.arrival, len(chosen), rng, cfg.rate, cfg.burstiness)
+        return _within_the_clock(arrival_times(cfg.arrival, len(chosen), rng, cfg.rate, cfg.burstiness), "rate",
+                                 cfg.rate or 0.0)
     if rows.timestamps_s is None:
         raise WorkloadError(f"workload.arrival=trace needs a source with timestamps; {cfg.source} has none")
     stamps = rows.timestamps_s[chosen]
-    return (stamps - stamps[0]) * cfg.time_scale
+    return _within_the_clock((stamps - stamps[0]) * cfg.time_scale, "time_scale", cfg.time_scale)
+
+
+def _within_the_clock(arrivals: np.ndarray, key: str, value: float) -> np.ndarray:
+    """The config's check covers the mean span; a draw (a gamma of small burstiness) or a scaled trace may still
+    spread further than a run's clock resolves."""
+    if len(arrivals) and arrivals[-1] > MAX_SPAN_S:
+        raise WorkloadError(f"workload.{key}={value:g} spreads the requests over {arrivals[-1]:.3g} s, more than ten "
+                            "years: a run's clock would round its step times away")
+    return arrivals

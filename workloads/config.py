@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from workloads.arrivals import ARRIVALS
-from workloads.spec import WorkloadError
+from workloads.spec import MAX_SPAN_S, WorkloadError
 
 
 def _no_bool(value):
@@ -80,6 +80,15 @@ class Normal(_Length):
     mean: Number
     std: NonNegative
 
+    @model_validator(mode="after")
+    def _mean_within_bounds(self):
+        # Outside [min, max] most draws would be clamped to one length: a fixed length the config did not say.
+        if self.mean < self.min:
+            raise ValueError(f"mean {self.mean:g} is below min {self.min}: most lengths would be clamped to {self.min}")
+        if self.mean > self.max:
+            raise ValueError(f"mean {self.mean:g} is above max {self.max}: most lengths would be clamped to {self.max}")
+        return self
+
 
 class LogNormal(_Length):
     """Parameterised by the mean of the lengths themselves, the way papers report them."""
@@ -130,6 +139,16 @@ class _Workload(Strict):
             raise ValueError(f"arrival=trace needs a source with timestamps; {self.source} has none")
         return self
 
+    @model_validator(mode="after")
+    def _within_the_clock(self):
+        """Arrivals a run's clock can tell apart, whatever the seed draws: (n - 1) / rate within a decade."""
+        if self.rate is not None and self.arrival not in ("offline", "trace") and self.num_requests > 1:
+            span = (self.num_requests - 1) / self.rate
+            if span > MAX_SPAN_S:
+                raise ValueError(f"rate={self.rate:g} spreads {self.num_requests} requests over {span:.3g} s, more "
+                                 "than ten years: a run's clock would round its step times away; raise the rate")
+        return self
+
 
 class SyntheticWorkload(_Workload):
     source: Literal["synthetic"]
@@ -147,6 +166,15 @@ class RandomWorkload(_Workload):
     output_len: Count = 128
     range_ratio: Annotated[Number, Field(ge=0, lt=1)] = 0.0
     prefix_len: Annotated[int, Field(strict=True, ge=0)] = 0
+
+    @model_validator(mode="after")
+    def _prompts_not_empty(self):
+        shortest = math.floor(self.input_len * (1 - self.range_ratio))
+        if shortest < 1 and self.prefix_len == 0:
+            raise ValueError(f"input_len={self.input_len} with range_ratio={self.range_ratio:g} draws prompts of 0 "
+                             f"tokens (floor({self.input_len} x {1 - self.range_ratio:g}) = 0); raise input_len, "
+                             "lower range_ratio or give a prefix_len")
+        return self
 
     @property
     def longest_request(self) -> int:
@@ -219,12 +247,48 @@ def plain_config(data):
 
 def one_line(error: ValidationError, data, prefix: str = "") -> str:
     """The first problem of a validation error as one line naming the dotted key: `workload.rate should be
-    greater than 0, got -1`. Union tags pydantic adds to the location (`sharegpt`, `fixed`) are left out."""
+    greater than 0, got -1`. Union tags pydantic adds to the location (`sharegpt`, `fixed`) are left out, and a
+    value that fits no member of a union says every form it may take: `should be 'auto' or a whole number >= 1`."""
     # An unknown key first (it explains the rest: a stale key of a replaced distribution), then the shallowest.
     problems = sorted(error.errors(), key=lambda p: (p["type"] != "extra_forbidden", len(p["loc"])))
     problem = problems[0]
-    key, node, parent = [prefix] if prefix else [], data, None
-    loc = problem["loc"]
+    key, parent = _key_path(problem["loc"], data)
+    key = [prefix, *key] if prefix else key
+    name = ".".join(key).replace(".[", "[")
+    message, kind = problem["msg"], problem["type"]
+    # The members of a union the value fit none of: the same key, each member's own complaint.
+    union = [p for p in problems if kind not in PLAIN_KINDS and p["type"] not in PLAIN_KINDS
+             and _key_path(p["loc"], data)[0] == _key_path(problem["loc"], data)[0]]
+    if kind == "missing":
+        text = f"{'.'.join([*key, str(problem['loc'][-1])])} is required"
+    elif kind == "extra_forbidden":
+        where = ".".join(key[:-1]) or "the config"
+        text = f"{name} is not a key of {where}"
+        if isinstance(parent, dict) and "dist" in parent:
+            text += f" (to change a distribution, replace it whole: {'.'.join(key[:-1])}={{dist: fixed, value: 100}})"
+    elif kind in ("value_error", "assertion_error"):
+        text = message.removeprefix("Value error, ")
+        text = f"{name}: {text}" if name else text
+    else:
+        if len(union) > 1:  # literal choices first: `'auto' or a whole number >= 1`
+            forms = sorted(dict.fromkeys(_form(p) for p in union), key=lambda form: not form.startswith("'"))
+            text = f"{name} should be {' or '.join(forms)}"
+        else:
+            text = f"{name} {message.replace('Input should', 'should')}"
+        got = problem.get("input")
+        if not isinstance(got, dict | list) and not (isinstance(got, float) and math.isnan(got) and "nan" in text):
+            text += f", got {got!r}"
+    more = len(error.errors()) - max(len(union), 1)
+    return text + (f" (and {more} more problem{'s' * (more > 1)})" if more else "")
+
+
+# Complaints about a key itself (missing, unknown) or from a validator: never one member of a union's.
+PLAIN_KINDS = ("missing", "extra_forbidden", "value_error", "assertion_error")
+
+
+def _key_path(loc: tuple, data) -> tuple[list[str], object]:
+    """The keys the user wrote along a pydantic location (union tags dropped), and the node holding the last."""
+    key, node, parent = [], data, None
     for i, part in enumerate(loc):
         following = loc[i + 1] if i + 1 < len(loc) else None
         # A tag that is also a key name (`config` of `source: config`): the next part is this node's key instead.
@@ -237,22 +301,24 @@ def one_line(error: ValidationError, data, prefix: str = "") -> str:
             key.append(f"[{part}]")
             node = node[part] if part < len(node) else None
         # else: a union tag, not a key the user wrote
-    name = ".".join(key).replace(".[", "[")
-    message, kind = problem["msg"], problem["type"]
-    if kind == "missing":
-        text = f"{'.'.join([*key, str(problem['loc'][-1])])} is required"
-    elif kind == "extra_forbidden":
-        where = ".".join(key[:-1]) or "the config"
-        text = f"{name} is not a key of {where}"
-        if isinstance(parent, dict) and "dist" in parent:
-            text += f" (to change a distribution, replace it whole: {'.'.join(key[:-1])}={{dist: fixed, value: 100}})"
-    elif kind in ("value_error", "assertion_error"):
-        text = message.removeprefix("Value error, ")
-        text = f"{name}: {text}" if name else text
-    else:
-        got = problem.get("input")
-        text = f"{name} {message.replace('Input should', 'should')}"
-        if not isinstance(got, dict | list) and not (isinstance(got, float) and math.isnan(got) and "nan" in text):
-            text += f", got {got!r}"
-    more = len(error.errors()) - 1
-    return text + (f" (and {more} more problem{'s' * (more > 1)})" if more else "")
+    return key, parent
+
+
+# Pydantic's complaint → the form a value must take, for a union's "should be A or B".
+_BOUNDS = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"), "less_than_equal": ("<=", "le"),
+           "less_than": ("<", "lt")}
+
+
+def _form(problem: dict) -> str:
+    kind, ctx = problem["type"], problem.get("ctx", {})
+    whole = "int" in str(problem["loc"][-1])
+    if kind == "literal_error":
+        return ctx["expected"]
+    if kind in _BOUNDS:
+        sign, bound = _BOUNDS[kind]
+        return f"{'a whole number' if whole else 'a number'} {sign} {ctx[bound]}"
+    if kind.startswith("int_"):
+        return "a whole number"
+    if kind.startswith("float_"):
+        return "a number"
+    return problem["msg"].removeprefix("Input should be ")

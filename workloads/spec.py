@@ -3,6 +3,10 @@
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# The longest a workload may last, first arrival to last: beyond a decade a run's clock (seconds in 64-bit floats)
+# resolves no better than tens of nanoseconds and soon rounds step times away; and a trace that long is a unit error.
+MAX_SPAN_S = 10 * 365 * 86400
+
 
 class WorkloadError(ValueError):
     """Bad workload input: the message names the source, the entry and the problem."""

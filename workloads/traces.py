@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from workloads.spec import WorkloadError, existing_file
+from workloads.spec import MAX_SPAN_S, WorkloadError, existing_file
 
 MOONCAKE_BLOCK_TOKENS = 512
-MAX_TRACE_SPAN_S = 10 * 365 * 86400  # a timestamp further from the first than a decade is a unit or data error
 UNIT_SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
 
@@ -51,6 +50,8 @@ def _read_csv(path: str, columns: list[str], max_rows: int | None = None) -> pd.
     missing = [c for c in columns if c not in table.columns]
     if missing:
         raise WorkloadError(f"trace file {path!r} lacks column(s) {missing}; it has {list(table.columns)}")
+    if table.empty:
+        raise WorkloadError(f"trace file {path!r}: zero requests (a header and no rows)")
     return table
 
 
@@ -80,7 +81,7 @@ def _ordered_seconds(seconds: np.ndarray, path: str, rows: np.ndarray | None = N
     if len(seconds) == 0:
         return seconds
     relative = seconds - seconds[0]
-    too_far = np.flatnonzero(relative > MAX_TRACE_SPAN_S)
+    too_far = np.flatnonzero(relative > MAX_SPAN_S)
     if len(too_far):
         i = int(too_far[0])
         raise WorkloadError(f"trace file {path!r}, data row {rows[i]}: timestamp {seconds[i]:g} s is more than ten "

@@ -4,6 +4,7 @@ callback), or by hand: `python -m harness.analysis.compare results/sweeps/<time>
 import argparse
 import glob
 import json
+import os
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -12,7 +13,14 @@ from hydra.experimental.callback import Callback
 from matplotlib import ticker
 
 from harness.analysis.plots import save_figure
-from harness.analysis.results import RunStatus, folder_in_use, read_status, write_csv, write_text
+from harness.analysis.results import (
+    RunStatus,
+    find_run_folders,
+    folder_in_use,
+    read_status,
+    write_csv,
+    write_text,
+)
 
 COLUMNS = ["status", "strategy", "workload", "arrival", "rate", "concurrency", "num_gpus", "num_finished",
            "num_rejected",
@@ -22,16 +30,17 @@ COLUMNS = ["status", "strategy", "workload", "arrival", "rate", "concurrency", "
 SWEEP_AXES = ("rate", "concurrency")  # the first that varies across runs becomes the x axis
 
 
-def load_runs(run_dirs: list[Path]) -> pd.DataFrame:
+def load_runs(run_dirs: list[Path], base: Path | None = None) -> pd.DataFrame:
     """One row per folder given, whatever state it is in: a finished run's summary; an interrupted run's partial
     summary; a failed run's error; a folder whose files are damaged, whose run died without a status, or that is
-    no run folder at all, said so. `status.json` is the truth: a summary left by an earlier run never counts."""
+    no run folder at all and holds none, said so. `status.json` is the truth: a summary left by an earlier run never
+    counts. A run is named by its path from `base` (by its own name without one)."""
     rows = []
     for run_dir in run_dirs:
         status = read_status(run_dir)
         state = status.get("status")
         if state is None:
-            row = {"status": "no run", "error": "no status.json: not a run folder"}
+            row = {"status": "no run", "error": "no status.json in it or below it: not a run folder"}
         elif state == RunStatus.RUNNING and not folder_in_use(run_dir):
             row = status | {"status": "crashed", "error": "the run ended without writing its status (killed?)"}
         elif state in (RunStatus.FINISHED, RunStatus.INTERRUPTED):
@@ -40,7 +49,8 @@ def load_runs(run_dirs: list[Path]) -> pd.DataFrame:
                             if summary is None else summary | {"status": state})
         else:
             row = status
-        rows.append(row | {"run": run_dir.name})
+        name = run_dir.relative_to(base).as_posix() if base is not None and run_dir != base else run_dir.name
+        rows.append(row | {"run": name})
     table = pd.DataFrame(rows)
     for column in COLUMNS:
         if column not in table:
@@ -139,8 +149,8 @@ def comparison_markdown(runs: pd.DataFrame, plots: list[Path], out_dir: Path) ->
     return "\n".join(parts) + "\n"
 
 
-def write_comparison(run_dirs: list[Path], out_dir: Path) -> pd.DataFrame:
-    runs = load_runs(run_dirs)
+def write_comparison(run_dirs: list[Path], out_dir: Path, base: Path | None = None) -> pd.DataFrame:
+    runs = load_runs(run_dirs, base)
     if runs.empty:
         raise SystemExit("no folders to compare")
     sort = [c for c in ("strategy", "rate", "concurrency") if runs[c].notna().any()]
@@ -163,9 +173,10 @@ class ComparisonCallback(Callback):
 
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        jobs = sorted(p for p in sweep_dir.iterdir() if (p / ".hydra").is_dir())  # each job's folder has one
-        runs = write_comparison(jobs, sweep_dir)
-        print_comparison(runs, sweep_dir)
+        jobs = find_run_folders(sweep_dir)
+        if not jobs:
+            raise SystemExit(f"no run folders in {sweep_dir}: every job failed before it began?")
+        print_comparison(write_comparison(jobs, sweep_dir, sweep_dir), sweep_dir)
 
 
 def main() -> None:
@@ -173,11 +184,14 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", help="run folders or glob patterns")
     parser.add_argument("--out", type=Path, default=Path("results") / "comparison", help="where to write")
     args = parser.parse_args()
-    run_dirs = sorted({Path(p) for pattern in args.runs for p in (glob.glob(pattern) or [pattern])})
-    missing = [str(p) for p in run_dirs if not p.is_dir()]
+    given = sorted({Path(p) for pattern in args.runs for p in (glob.glob(pattern) or [pattern])})
+    missing = [str(p) for p in given if not p.is_dir()]
     if missing:
         raise SystemExit(f"error: not a folder: {', '.join(missing)}")
-    print_comparison(write_comparison(run_dirs, args.out), args.out)
+    # A folder holding no run at any depth stays in the table as one, said so; every other gives its runs.
+    run_dirs = sorted({run for folder in given for run in (find_run_folders(folder) or [folder])})
+    base = Path(os.path.commonpath(run_dirs)) if len(run_dirs) > 1 else None
+    print_comparison(write_comparison(run_dirs, args.out, base), args.out)
 
 
 if __name__ == "__main__":

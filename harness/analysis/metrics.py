@@ -110,14 +110,15 @@ def meets_slo(finished: pd.DataFrame, ttft_s: float | None, tpot_s: float | None
 
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame | None, itl: tuple[np.ndarray, np.ndarray], labels: dict,
-              slo_ttft_s: float | None = None, slo_tpot_s: float | None = None) -> dict:
+              slo_ttft_s: float | None = None, slo_tpot_s: float | None = None, num_replicas: int = 1) -> dict:
     """The flat `summary.json` record (README, "Reading a run"): SI units; counts, throughput, latency
     distributions, goodput, padding, KV use, step shape and where the time went. `steps` None: a peer that
-    reports no steps (another engine, a server), whose step, padding, KV and busy figures are None, not zero."""
+    reports no steps (another engine, a server), whose step, padding, KV and busy figures are None, not zero.
+    `steps` of `num_replicas` replicas: where the time went is in replica-seconds (see `_engine_side`)."""
     summary = _client_side(requests, itl, labels, slo_ttft_s, slo_tpot_s)
     if steps is None:
         return summary | dict.fromkeys(ENGINE_SIDE)
-    return summary | _engine_side(steps, int(requests.num_preemptions.sum()), summary["makespan_s"])
+    return summary | _engine_side(steps, int(requests.num_preemptions.sum()), summary["makespan_s"], num_replicas)
 
 
 def _client_side(requests: pd.DataFrame, itl: tuple[np.ndarray, np.ndarray], labels: dict, slo_ttft_s: float | None,
@@ -157,7 +158,10 @@ def _client_side(requests: pd.DataFrame, itl: tuple[np.ndarray, np.ndarray], lab
     }
 
 
-def _engine_side(steps: pd.DataFrame, num_preemptions: int, makespan: float) -> dict:
+def _engine_side(steps: pd.DataFrame, num_preemptions: int, makespan: float, num_replicas: int) -> dict:
+    """Step, padding and KV figures, and where the time went: `busy_s` (in the model or cost model), `overhead_s`
+    (the harness's own time in steps) and `idle_s` (nothing to do) are replica-seconds, summed over the replicas,
+    so they add up to `replica_s` = makespan x replicas (one replica: the makespan itself)."""
     computed = int(steps.num_computed_tokens.sum()) if len(steps) else 0
     padding = int(steps.num_padding_tokens.sum()) if len(steps) else 0
     busy = float(steps.busy_s.sum()) if len(steps) else 0.0
@@ -180,9 +184,10 @@ def _engine_side(steps: pd.DataFrame, num_preemptions: int, makespan: float) -> 
         "busy_s": busy,
         # The clock only moves by steps and by jumps over idle gaps: what is neither is the harness's own time.
         "overhead_s": stepped - busy,
-        "idle_s": makespan - stepped,
+        "idle_s": makespan * num_replicas - stepped,
+        "replica_s": makespan * num_replicas,
     }
 
 
 # What only our own engines can say (from their step records): a peer's summary has these keys, as None.
-ENGINE_SIDE = tuple(_engine_side(pd.DataFrame(), 0, 0.0))
+ENGINE_SIDE = tuple(_engine_side(pd.DataFrame(), 0, 0.0, 1))

@@ -27,7 +27,9 @@ TERMINAL_ROWS = [
      engine_side(lambda s: f"{s['kv_peak_utilization']:.1%} / {s['kv_mean_utilization']:.1%}")),
     ("preemptions", engine_side(lambda s: str(s["num_preemptions"]))),
     ("goodput (SLOs met)", lambda s: f"{s['goodput_rps']:.2f} req/s"),
-    ("harness overhead", engine_side(lambda s: f"{duration(s['overhead_s'])} of {duration(s['makespan_s'])}")),
+    ("harness overhead", engine_side(lambda s: f"{duration(s['overhead_s'])} of {duration(s['replica_s'])}"
+                                                + (f" ({s['replicas']} replicas' time)" if s.get("replicas", 1) > 1
+                                                   else ""))),
 ]
 
 

@@ -98,6 +98,27 @@ def folder_in_use(run_dir: Path) -> bool:
         return False
 
 
+def is_run_folder(path: Path) -> bool:
+    """A folder a run wrote into: it has a status (`python -m harness`) or a summary (`run_job` called directly)."""
+    return (path / "status.json").is_file() or (path / "summary.json").is_file()
+
+
+def find_run_folders(root: Path) -> list[Path]:
+    """The run folders at or below `root`, at any depth (a run, a sweep, a sweep whose job folders a value with
+    `/` once nested, a folder of sweeps), in path order. A run folder's own subfolders are not searched, nor hidden
+    folders (Hydra's `.hydra`)."""
+    if is_run_folder(root):
+        return [root]
+    found = []
+    for folder, subfolders, _ in os.walk(root):
+        if is_run_folder(Path(folder)):
+            found.append(Path(folder))
+            subfolders.clear()
+        else:
+            subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
+    return sorted(found)
+
+
 def _write_atomic(path: Path, write) -> None:
     """Write through `write(file)` into a temporary file beside `path`, then rename it into place."""
     path.parent.mkdir(parents=True, exist_ok=True)

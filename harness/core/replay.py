@@ -23,8 +23,9 @@ class Client:
         self._pending = deque(sorted(specs, key=lambda s: s.arrival_s))
         self.latency_s, self.service_s = latency_s, service_s
         self._last_delivery_s = -math.inf
-        # Times at which the free slots became free (a min-heap); None: open loop, no slots.
-        self._free = [0.0] * max_concurrency if max_concurrency else None
+        # Times at which the free slots became free (a min-heap); None: open loop, no slots. More slots than requests
+        # change nothing: as many as the requests, so a cap of a billion costs what the workload does.
+        self._free = [0.0] * min(max_concurrency, len(specs)) if max_concurrency else None
 
     @property
     def has_pending(self) -> bool:

@@ -13,13 +13,14 @@ from omegaconf import DictConfig
 
 from harness.analysis import metrics
 from harness.analysis.results import RunInterrupted
+from harness.analysis.run_files import finish_run
 from harness.config import ConfigError, RunConfig
 from harness.core.records import RunRecords
 from harness.core.replay import replay
 from harness.environment import environment
-from harness.job import device_caps, device_num_blocks, finish_run, load_workload
 from harness.model_spec import dtype_name, load_tokenizer, read_model_config
 from harness.peers.live import live_replay
+from harness.run_parts import device_caps, device_num_blocks, load_workload
 
 log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise

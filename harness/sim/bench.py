@@ -18,7 +18,7 @@ import pandas as pd
 
 from harness.config import compose_config, validate
 from harness.core.replay import replay
-from harness.job import simulated_replicas
+from harness.sim.replica import simulated_replicas
 from workloads.traces import load_azure
 
 SETUP = ["runner=sim", "runner.hardware=h100", "model=llama-2-7b", "concurrency=256", "progress=false"]

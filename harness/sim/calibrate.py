@@ -9,7 +9,7 @@ README "Grounding").
 
 import argparse
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +17,11 @@ import pandas as pd
 import yaml
 
 from harness.analysis import metrics
+from harness.config import compose_config
 from harness.core.replay import replay
 from harness.core.replica import build_replica
 from harness.model_spec import Architecture, described_model
+from harness.sim.calibration import BOUNDS, RooflineParams
 from harness.sim.costmodel import RooflineCostModel
 from harness.sim.costmodel.hardware import get_hardware
 from harness.sim.measured import MeasuredRun, MeasuredRunError, load_measured_runs
@@ -29,17 +31,6 @@ from harness.sim.runner import SimRunner
 BLOCK_SIZE = 16  # vLLM's default
 # What a fit matches, each counted alike: throughput, TPOT, end-to-end latency and TTFT.
 WEIGHTS = {"output_throughput_tps": 1.0, "tpot_s_p50": 1.0, "e2e_s_mean": 1.0, "ttft_s_p50": 1.0}
-
-
-@dataclass(frozen=True)
-class RooflineParams:
-    compute_efficiency: float
-    memory_efficiency: float
-    step_overhead_s: float
-    seq_overhead_s: float
-    token_overhead_s: float
-    frontend_latency_s: float
-    frontend_service_s: float
 
 
 def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
@@ -103,18 +94,6 @@ def loss(runs: list[MeasuredRun], params: RooflineParams) -> float:
     return total / weight
 
 
-# The range each parameter may take: physical limits, wide enough for any engine we have seen.
-BOUNDS = RooflineParams(
-    compute_efficiency=(0.05, 1.0),
-    memory_efficiency=(0.05, 1.0),
-    step_overhead_s=(0.0, 0.01),
-    seq_overhead_s=(0.0, 1e-4),
-    token_overhead_s=(0.0, 5e-5),
-    frontend_latency_s=(0.0, 0.1),
-    frontend_service_s=(0.0, 0.02),
-)
-
-
 def fit(runs: list[MeasuredRun], start: RooflineParams, max_evaluations: int = 400) -> tuple[RooflineParams, float]:
     """The parameters that best reproduce `runs`, and their loss: a bounded Powell search from `start`, in
     coordinates scaled to each parameter's range (an efficiency and a per-sequence overhead differ by 10^4)."""
@@ -138,8 +117,6 @@ def fit(runs: list[MeasuredRun], start: RooflineParams, max_evaluations: int = 4
 
 def default_params(hardware: str) -> RooflineParams:
     """The simulator's defaults (`conf/runner/sim.yaml`), with `hardware`'s compute efficiency."""
-    from harness.config import compose_config
-
     runner = compose_config(["runner=sim"]).runner
     efficiency = runner.compute_efficiency
     return RooflineParams(get_hardware(hardware).compute_efficiency if efficiency == "auto" else efficiency,
@@ -152,22 +129,6 @@ def error_table(runs: list[MeasuredRun], params: RooflineParams, role: str) -> p
     """One row per run: its relative error per matched metric."""
     return pd.DataFrame([{"run": run.name, "role": role, **relative_errors(run, simulate(run, params))}
                          for run in runs])
-
-
-def load_calibration(path: str | Path) -> dict:
-    """The figures a calibration YAML sets (`runner.calibration=<file>`); ValueError naming what is wrong."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise ValueError(f"runner.calibration: cannot read {str(path)!r}: {e}") from None
-    figures = data.get("params") if isinstance(data, dict) else None
-    if isinstance(figures, dict):
-        # Files fitted before the per-token overhead existed were fitted without one.
-        figures = {"token_overhead_s": 0.0} | figures
-    if not isinstance(figures, dict) or set(figures) != set(asdict(BOUNDS)):
-        raise ValueError(f"runner.calibration: {str(path)!r} is not a file written by python -m "
-                         f"harness.sim.calibrate (its params must be {', '.join(asdict(BOUNDS))})")
-    return figures
 
 
 def main() -> None:

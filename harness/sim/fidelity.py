@@ -79,7 +79,8 @@ def plot_errors(table: pd.DataFrame, path: Path) -> None:
 def measured_fidelity(paths: list[str], calibration: Path | None, out: Path,
                       setup: dict | None = None) -> pd.DataFrame:
     """Per measured run and metric: measured, predicted, relative error; written as a table and a plot."""
-    from harness.sim.calibrate import RooflineParams, default_params, load_calibration, simulate
+    from harness.sim.calibrate import default_params, simulate
+    from harness.sim.calibration import RooflineParams, load_calibration
     from harness.sim.measured import load_measured_runs
 
     runs = load_measured_runs(paths, setup)

@@ -12,6 +12,7 @@ it cannot say (the GPU, a model name from the catalogue when it ran a hub model)
 """
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +20,10 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
+from harness.analysis.results import find_run_folders, read_status
 from workloads import RequestSpec
+
+log = logging.getLogger(__name__)
 
 # vllm bench result keys (milliseconds or per second) → our summary keys (SI), and the factor between them.
 METRICS = {
@@ -153,18 +157,33 @@ def _arrivals(data: dict, n: int, seed: int) -> np.ndarray:
 
 
 def load_measured_runs(paths: list[str], setup: dict | None = None) -> list[MeasuredRun]:
-    """Every measured run under `paths`: vllm bench JSONs, run folders, or folders holding either. `setup` fills
-    in what run folders do not say (`hardware`, `model`, `tensor_parallel`, `max_num_seqs`, ...)."""
+    """Every measured run under `paths`: vllm bench JSONs, run folders, or folders holding either at any depth (a
+    sweep of `runner=openai` runs, say). `setup` fills in what run folders do not say (`hardware`, `model`,
+    `tensor_parallel`, `max_num_seqs`, ...). A run folder whose run did not finish is left out, said so in the log;
+    a path holding no measured run at all is a `MeasuredRunError`."""
     runs = []
     for path in map(Path, paths):
-        if (path / "summary.json").is_file():
-            runs.append(load_run_folder(path, setup or {}))
-        elif path.is_dir():
-            runs += [load_measured(p) for p in sorted(path.glob("*.json"))]
-            runs += [load_run_folder(p.parent, setup or {}) for p in sorted(path.glob("*/summary.json"))]
-        else:
+        if not path.is_dir():
             runs.append(load_measured(path))
+            continue
+        folders = find_run_folders(path)
+        finished = [f for f in folders if _finished(f)]
+        for folder in sorted(set(folders) - set(finished)):
+            log.warning("measured runs: %s left out: its run did not finish (%s)", folder,
+                        read_status(folder).get("status", "no summary.json"))
+        inside = [p for p in sorted(path.rglob("*.json")) if not any(p.is_relative_to(f) for f in folders)
+                  and not any(part.startswith(".") for part in p.relative_to(path).parts)]
+        found = [load_measured(p) for p in inside] + [load_run_folder(f, setup or {}) for f in finished]
+        if not found:
+            raise MeasuredRunError(f"{str(path)!r} holds no measured run at any depth: no vllm bench JSON and no "
+                                   f"finished run folder{f' ({len(folders)} that did not finish)' if folders else ''}")
+        runs += found
     return runs
+
+
+def _finished(folder: Path) -> bool:
+    """A run folder with a summary whose status, if it has one, says finished."""
+    return (folder / "summary.json").is_file() and read_status(folder).get("status", "finished") == "finished"
 
 
 def load_run_folder(path: Path, setup: dict) -> MeasuredRun:

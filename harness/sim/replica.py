@@ -1,10 +1,15 @@
-"""Which engine a simulated replica runs: the strategy's simulated engine, or the step-by-step one where the
-simulated engine does not cover the strategy's options."""
+"""Simulated replicas: which engine a simulated replica runs (the strategy's simulated engine, or the step-by-step
+one where the simulated engine does not cover the strategy's options), and the replicas a `runner=sim` run gets."""
 
+from harness.config import CPU_ENGINE_CAPS, ConfigError, RunConfig
 from harness.core.engine import Engine
 from harness.core.kv_cache import BlockAllocator
+from harness.model_spec import DTYPE_BYTES, Architecture, dtype_name, load_tokenizer, read_model_config
+from harness.run_parts import CPU_NUM_BLOCKS, configured_replica, load_workload
 from harness.sim.continuous import SimContinuous
+from harness.sim.costmodel import build_cost_model
 from harness.sim.padded import SimDynamic, SimStatic
+from harness.sim.router import ROUTERS
 from harness.sim.runner import SimRunner
 from strategies import Strategy
 from strategies.continuous import ContinuousBatching
@@ -18,3 +23,43 @@ def simulated_engine(strategy: Strategy, runner: SimRunner, allocator: BlockAllo
     if isinstance(strategy, ContinuousBatching) and not SimContinuous.covers(strategy):
         engine_class = Engine
     return engine_class(strategy, runner, allocator, max_model_len, eos_token_ids)
+
+
+def simulated_replicas(cfg: RunConfig):
+    """`runner.replicas` simulated replicas behind `runner.router`; the model is only described, never loaded.
+    Returns (replicas, router or None, workload, device, dtype)."""
+    config = read_model_config(cfg.model)
+    accelerated = cfg.runner.hardware not in (None, "cpu")
+    dtype = dtype_name(cfg.dtype, "cuda" if accelerated else "cpu")
+    try:
+        costs = build_cost_model(cfg.runner, Architecture.from_config(config, DTYPE_BYTES[dtype]))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    tokenizer = load_tokenizer(cfg.model)
+    workload = load_workload(cfg, config["vocab_size"], tokenizer, config["max_position_embeddings"],
+                             with_ids=False)  # a simulation needs lengths only
+    if cfg.kv_cache.num_blocks != "auto":
+        blocks = cfg.kv_cache.num_blocks
+    else:
+        blocks = auto_num_blocks(costs, cfg.kv_cache.block_size, cfg.kv_cache.memory_fraction)
+    hardware = getattr(costs, "hardware", None)
+    if hardware is not None and hardware.kind == "gpu":
+        caps = hardware.serving_defaults, f"vLLM's on {hardware.name}"
+    else:
+        caps = CPU_ENGINE_CAPS, "the CPU defaults"
+    replicas = [configured_replica(cfg, lambda allocator: SimRunner(costs), blocks, config["max_position_embeddings"],
+                                   (), simulated_engine, caps) for _ in range(cfg.runner.replicas)]
+    route = ROUTERS[cfg.runner.router]() if len(replicas) > 1 else None
+    return replicas, route, workload, "cpu", dtype
+
+
+def auto_num_blocks(costs, block_size: int, memory_fraction: float) -> int:
+    """`kv_cache.num_blocks=auto` in a simulation: what the accelerator's memory holds beside the weights; for a
+    CPU (calibrated here, or the roofline of this CPU), the real CPU runner's fixed cache, so both compare."""
+    hardware = getattr(costs, "hardware", None)
+    if hardware is None or hardware.kind == "cpu":
+        return CPU_NUM_BLOCKS
+    try:
+        return costs.num_kv_blocks(block_size, memory_fraction)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None

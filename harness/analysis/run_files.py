@@ -1,0 +1,44 @@
+"""The files a finished run leaves in its folder, ours or a peer's, and the table it prints at the end."""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from harness.analysis.plots import plot_run
+from harness.analysis.report import run_report, terminal_table
+from harness.analysis.results import RunInterrupted, write_json, write_table, write_text
+from harness.config import RunConfig
+from strategies import Request
+
+
+def write_results(run_dir: Path, raw: DictConfig, cfg: RunConfig, records: list[Request], requests: pd.DataFrame,
+                  steps: pd.DataFrame | None, summary: dict, workload_info: dict) -> None:
+    """Every file of a finished run. `steps` None: a peer, which reports no steps (no step table)."""
+    write_text(run_dir / "config.yaml", OmegaConf.to_yaml(raw, resolve=True))
+    tables = [write_table(run_dir, "requests", requests, cfg.results.tables)]
+    if steps is not None and cfg.results.steps == "full":
+        tables.append(write_table(run_dir, "steps", steps, cfg.results.tables))
+    if cfg.save_tokens:
+        lines = [json.dumps({"request_id": r.request_id, "status": r.status.label,
+                             "prompt_ids": r.token_ids[:r.num_prompt_tokens], "output_ids": r.output_ids})
+                 for r in sorted(records, key=lambda r: r.request_id)]
+        write_text(run_dir / "tokens.jsonl", "\n".join(lines) + "\n")
+    title = f"{summary['strategy']} on {summary['workload']}"
+    plots = plot_run(requests, steps if steps is not None else pd.DataFrame(), title, run_dir / "plots")
+    write_text(run_dir / "report.md", run_report(summary, requests, steps, workload_info,
+                                                 [p.relative_to(run_dir) for p in plots], tables))
+    write_json(run_dir / "summary.json", summary)  # last: its presence means the run is complete
+
+
+def finish_run(run_dir: Path, raw: DictConfig, cfg: RunConfig, records: list[Request], requests: pd.DataFrame,
+               steps: pd.DataFrame | None, summary: dict, workload_info: dict,
+               interrupted: RunInterrupted | None) -> dict:
+    """Write the run's files and print its table; then stop as interrupted if it was, else return the summary."""
+    write_results(run_dir, raw, cfg, records, requests, steps, summary, workload_info)
+    print(terminal_table(summary))
+    print(f"results: {run_dir}")
+    if interrupted is not None:
+        raise interrupted
+    return summary

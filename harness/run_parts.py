@@ -1,0 +1,69 @@
+"""The parts every run is assembled from, ours or a peer's, real or simulated: its workload, what `auto` means on its
+device (KV blocks, engine caps), and a replica with the strategy's options. The composition roots (`harness.job`,
+`harness.peers.job`, `harness.sim.replica`) put them together; this module imports none of them."""
+
+import logging
+
+from harness.config import CPU_ENGINE_CAPS, ConfigError, RunConfig
+from harness.core.engine import Engine
+from harness.core.replica import build_replica
+from harness.model_spec import Architecture
+from workloads import build_workload
+
+log = logging.getLogger(__name__)
+CPU_NUM_BLOCKS = 2048  # `kv_cache.num_blocks=auto` on a CPU, real or simulated: 32k slots at block size 16
+
+
+def load_workload(cfg: RunConfig, vocab_size: int, tokenizer, max_model_len: int, with_ids: bool = True):
+    workload = build_workload(cfg.workload, vocab_size, tokenizer, max_model_len, with_ids)
+    for key, value in workload.info.items():
+        if key != "provenance":  # long; the report carries it
+            log.info("workload %s: %s", key, value)
+    return workload
+
+
+def device_num_blocks(cfg: RunConfig, model, device, dtype) -> int:
+    """`kv_cache.num_blocks`, `auto` resolved: what the GPU's free memory holds once the weights are loaded, or
+    the CPU's fixed pool."""
+    if cfg.kv_cache.num_blocks != "auto":
+        return cfg.kv_cache.num_blocks
+    if device.type != "cuda":
+        return CPU_NUM_BLOCKS
+    import torch
+
+    free, _ = torch.cuda.mem_get_info(device)
+    arch = Architecture.from_config(model.config, dtype.itemsize)
+    return int(free * cfg.kv_cache.memory_fraction // (cfg.kv_cache.block_size * arch.kv_bytes_per_token))
+
+
+def device_caps(device) -> tuple[tuple[int, int], str]:
+    """The engine caps `auto` means on this device ((max_num_seqs, max_batch_tokens), whose they are)."""
+    if device.type != "cuda":
+        return CPU_ENGINE_CAPS, "the CPU defaults"
+    import torch
+
+    from harness.sim.costmodel.hardware import serving_defaults
+
+    name = torch.cuda.get_device_name(device)
+    return serving_defaults(name, torch.cuda.get_device_properties(device).total_memory), f"vLLM's on {name}"
+
+
+def configured_replica(cfg: RunConfig, make_runner, num_blocks: int, max_model_len: int, eos, engine_class,
+                       caps: tuple[tuple[int, int], str]) -> Engine:
+    """A replica with the strategy's options, `auto` caps replaced by `caps` ((sequences, tokens), whose)."""
+    (num_seqs, num_tokens), whose = caps
+    if num_seqs > num_blocks:  # `auto` fits the hardware: no more running requests than the cache has blocks
+        num_seqs, whose = num_blocks, f"{whose}, capped at the KV cache's {num_blocks} blocks"
+    options = cfg.strategy.model_dump(exclude={"name"})
+    auto = sorted(key for key, value in options.items() if value == "auto")
+    options |= {key: num_tokens if key == "max_batch_tokens" else num_seqs for key in auto}
+    try:
+        engine = build_replica(cfg.strategy.name, options, make_runner, num_blocks=num_blocks,
+                               block_size=cfg.kv_cache.block_size, max_model_len=max_model_len, eos_token_ids=eos,
+                               engine_class=engine_class)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    engine.caps_source = f"{', '.join(auto)} from {whose}" if auto else "as configured"
+    if auto:
+        log.info("engine caps: %s = %s (%s)", ", ".join(auto), ", ".join(str(options[k]) for k in auto), whose)
+    return engine

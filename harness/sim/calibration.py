@@ -1,0 +1,46 @@
+"""The roofline's free parameters and the calibration file that sets them (`runner.calibration=<file>`), as
+`python -m harness.sim.calibrate` writes it and the run config reads it."""
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+
+@dataclass(frozen=True)
+class RooflineParams:
+    compute_efficiency: float
+    memory_efficiency: float
+    step_overhead_s: float
+    seq_overhead_s: float
+    token_overhead_s: float
+    frontend_latency_s: float
+    frontend_service_s: float
+
+
+# The range each parameter may take: physical limits, wide enough for any engine we have seen.
+BOUNDS = RooflineParams(
+    compute_efficiency=(0.05, 1.0),
+    memory_efficiency=(0.05, 1.0),
+    step_overhead_s=(0.0, 0.01),
+    seq_overhead_s=(0.0, 1e-4),
+    token_overhead_s=(0.0, 5e-5),
+    frontend_latency_s=(0.0, 0.1),
+    frontend_service_s=(0.0, 0.02),
+)
+
+
+def load_calibration(path: str | Path) -> dict:
+    """The figures a calibration YAML sets (`runner.calibration=<file>`); ValueError naming what is wrong."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"runner.calibration: cannot read {str(path)!r}: {e}") from None
+    figures = data.get("params") if isinstance(data, dict) else None
+    if isinstance(figures, dict):
+        # Files fitted before the per-token overhead existed were fitted without one.
+        figures = {"token_overhead_s": 0.0} | figures
+    if not isinstance(figures, dict) or set(figures) != set(asdict(BOUNDS)):
+        raise ValueError(f"runner.calibration: {str(path)!r} is not a file written by python -m "
+                         f"harness.sim.calibrate (its params must be {', '.join(asdict(BOUNDS))})")
+    return figures
