@@ -124,12 +124,15 @@ def _compare(strategy: str, dtype: str, records, logits: dict, expected: dict, e
 
 
 def check_bench(dry_run: bool) -> dict:
+    from harness.machine_load import MachineLoad, machine_line
     from kernels.bench import run_bench
 
     shape = dict(decodes=4, ctx_min=32, ctx_max=64, prefill=16, prefill_ctx=32, heads=4, kv_heads=2, head_dim=32,
                  dtype="float32", iters=3) if dry_run else {}
-    times = run_bench(**shape)
+    with MachineLoad(torch.get_num_threads()) as machine:
+        times = run_bench(**shape)
     base = times.get("triton", times["torch reference"])
+    print(machine_line(machine))
     return {name: {"ms": 1e3 * t, "x_of_base": t / base} for name, t in times.items()}
 
 
@@ -147,7 +150,8 @@ def check_strategies(models: list[str], device: str, hardware: str | None, workl
             real = run_job(compose_config([*common, *real_keys]), out / "runs" / f"{model}-{strategy}")
             row = {"model": model, "strategy": strategy, "output_tok_s": real["output_throughput_tps"],
                    "ttft_p50_s": real["ttft_s_p50"], "tpot_p50_s": real["tpot_s_p50"],
-                   "padding_waste": real["padding_waste"], "busy_s": real["busy_s"], "overhead_s": real["overhead_s"]}
+                   "padding_waste": real["padding_waste"], "busy_s": real["busy_s"], "overhead_s": real["overhead_s"],
+                   "quiet": real["measurement_warning"] is None}
             if hardware:
                 sim = run_job(compose_config([*common, "runner=sim", f"runner.hardware={hardware}"]),
                               out / "runs" / f"{model}-{strategy}-sim")

@@ -3,6 +3,7 @@
 The composition root: it imports the real runner (torch, transformers) only for `runner=real`.
 """
 
+import contextlib
 import logging
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from harness.config import PEERS, ConfigError, RunConfig, validate
 from harness.core.engine import Engine
 from harness.core.replay import replay
 from harness.environment import environment
+from harness.machine_load import MachineLoad, measurement
 from harness.run_parts import configured_replica, device_caps, device_num_blocks, load_workload
 from harness.sim.replica import simulated_replicas
 
@@ -31,11 +33,13 @@ def run_job(raw: DictConfig, run_dir: Path) -> dict:
         return run_peer(cfg, raw, run_dir)
     build = _real_replicas if cfg.runner.name == "real" else simulated_replicas
     replicas, route, workload, device, dtype = build(cfg)
+    load = _machine_load(cfg)
     try:
-        replay(replicas, workload.requests, route, progress=cfg.progress, desc=cfg.strategy.name,
-               max_concurrency=cfg.workload.max_concurrency,
-               frontend_latency_s=getattr(cfg.runner, "frontend_latency_s", 0.0),
-               frontend_service_s=getattr(cfg.runner, "frontend_service_s", 0.0))
+        with load or contextlib.nullcontext():
+            replay(replicas, workload.requests, route, progress=cfg.progress, desc=cfg.strategy.name,
+                   max_concurrency=cfg.workload.max_concurrency,
+                   frontend_latency_s=getattr(cfg.runner, "frontend_latency_s", 0.0),
+                   frontend_service_s=getattr(cfg.runner, "frontend_service_s", 0.0))
     except RunInterrupted as stop:
         interrupted = stop  # write what was measured, marked partial, then let the entry point say so
     else:
@@ -60,13 +64,23 @@ def run_job(raw: DictConfig, run_dir: Path) -> dict:
     records = [r for e in replicas for r in e.records.requests]
     itl = metrics.inter_token_latencies([e.records for e in replicas])
     summary = metrics.summarize(requests, steps, itl, labels, cfg.slo.ttft_s, cfg.slo.tpot_s, len(replicas))
-    summary |= {"partial": interrupted is not None} | environment(device, dtype)
+    summary |= {"partial": interrupted is not None} | environment(device, dtype) | measurement(load, steps)
     if len(replicas) > 1:
         write_csv(run_dir / "replicas.csv", pd.DataFrame([
             {"replica": i} | metrics.summarize(t[0], t[1], metrics.inter_token_latencies([e.records]), {},
                                                 cfg.slo.ttft_s, cfg.slo.tpot_s)
             for i, (t, e) in enumerate(zip(tables, replicas))]))
     return finish_run(run_dir, raw, cfg, records, requests, steps, summary, workload.info, interrupted)
+
+
+def _machine_load(cfg: RunConfig) -> MachineLoad | None:
+    """What watches the machine while a real run measures wall time (its torch threads are its cores); None for a
+    simulation, whose clock no other process can slow."""
+    if cfg.runner.name != "real":
+        return None
+    import torch
+
+    return MachineLoad(torch.get_num_threads())
 
 
 def _real_replicas(cfg: RunConfig):

@@ -14,6 +14,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from harness.machine_load import MachineLoad, machine_line
 from kernels import ragged_paged_attention, ragged_paged_attention_ref, store_kv, store_kv_ref
 from kernels.reference import gather_kv
 
@@ -144,7 +145,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{args.dtype}: {args.decodes} decodes at context {args.ctx_min}-{args.ctx_max} + one {args.prefill}-token "
           f"prefill chunk; H_q={args.heads}, H_kv={args.kv_heads}, D={args.head_dim}, block {args.block_size}")
-    results = run_bench(**{k.replace("-", "_"): v for k, v in vars(args).items()})
+    with MachineLoad(torch.get_num_threads()) as machine:
+        results = run_bench(**{k.replace("-", "_"): v for k, v in vars(args).items()})
     attention = {k: v for k, v in results.items() if not k.startswith("store_kv")}
     baseline_name = next(iter(attention))
     for name, seconds in attention.items():
@@ -152,6 +154,7 @@ def main() -> None:
     for name, seconds in results.items():
         if name.startswith("store_kv"):
             print(f"{name:26s} {seconds * 1e3:9.3f} ms")
+    print(machine_line(machine))
 
 
 if __name__ == "__main__":

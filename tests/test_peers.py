@@ -93,6 +93,9 @@ def test_a_peer_summary_leaves_what_it_cannot_know_empty(tmp_path):
     assert summary["output_throughput_tps"] > 0 and summary["ttft_s_p50"] > 0
     assert not (tmp_path / "steps.csv").exists()
     assert "reports no steps" in (tmp_path / "report.md").read_text()
+    # It measured wall time, so the machine's load over it is known; its steps' spread is not.
+    assert summary["machine_cores"] >= 1 and summary["other_cpu_cores"] >= 0 and summary["step_time_spread"] is None
+    assert "## Measurement" in (tmp_path / "report.md").read_text()
 
 
 @pytest.mark.parametrize("system", ["static", "hf_generate", "transformers_serve"])

@@ -64,9 +64,11 @@ def run_report(summary: dict, requests: pd.DataFrame, steps: pd.DataFrame | None
                plots: list, tables: list[str]) -> str:
     """`steps` None: a peer, which reports no steps. `tables`: the table files written beside the report."""
     ended = requests[requests.status.isin([RequestStatus.REJECTED.label, RequestStatus.FAILED.label])]
+    warning = summary.get("measurement_warning")
     parts = [
         f"# {summary['strategy']} on {summary['workload']}",
         "",
+        *([f"> **Warning**: {warning} (see Measurement below).", ""] if warning else []),
         "```",
         terminal_table(summary),
         "```",
@@ -80,6 +82,7 @@ def run_report(summary: dict, requests: pd.DataFrame, steps: pd.DataFrame | None
         "",
         *[f"![{p.stem}]({p.as_posix()})" for p in plots],
         "",
+        *_measurement(summary),
         "## Environment",
         "",
         *[f"- {key}: {summary.get(key)}" for key in ENVIRONMENT_KEYS],
@@ -105,3 +108,17 @@ def _composition(steps: pd.DataFrame | None, summary: dict, tables: list[str]) -
             composition.to_markdown(), "",
             f"{summary['num_steps']} steps. Tables: {', '.join(f'`{t}`' for t in tables)}.", ""]
 
+
+
+def _measurement(summary: dict) -> list[str]:
+    """How quiet the machine was while the run measured wall time; nothing for a simulation."""
+    if summary.get("machine_cores") is None:
+        return []
+    spread = summary.get("step_time_spread")
+    return ["## Measurement", "",
+            f"- other work on the machine: {summary['other_cpu_cores']:.2f} of {summary['machine_cores']} cores "
+            f"(the hypervisor's steal {summary['steal_cores']:.2f}); the run kept {summary['run_cores']} busy",
+            f"- load average (1 min, the run included): {summary['load_avg_1m']:.2f}",
+            "- same-shaped steps' spread (p90 / median - 1): "
+            + ("n/a (no step shape repeated enough)" if spread is None else f"{spread:.2f}"),
+            f"- verdict: {summary['measurement_warning'] or 'a quiet machine: the timings stand'}", ""]

@@ -1,6 +1,7 @@
 """The files a finished run leaves in its folder, ours or a peer's, and the table it prints at the end."""
 
 import json
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -39,6 +40,8 @@ def finish_run(run_dir: Path, raw: DictConfig, cfg: RunConfig, records: list[Req
     write_results(run_dir, raw, cfg, records, requests, steps, summary, workload_info)
     print(terminal_table(summary))
     print(f"results: {run_dir}")
+    if summary.get("measurement_warning"):
+        print(f"warning: {summary['measurement_warning']}", file=sys.stderr)
     if interrupted is not None:
         raise interrupted
     return summary

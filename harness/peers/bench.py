@@ -61,6 +61,12 @@ def main() -> None:
     for name, _ in systems:
         print(f"  {name:<14} {spread(throughput[name], '{:.0f}')} output tok/s   TTFT p50 "
               f"{spread([1e3 * t for t in ttft[name]], '{:.0f}')} ms")
+    unquiet = [(i, name, r[name]["measurement_warning"]) for i, r in enumerate(rounds) for name, _ in systems
+               if r[name].get("measurement_warning")]
+    for i, name, warning in unquiet:
+        print(f"  warning: round {i + 1}, {name}: {warning}")
+    if not unquiet:
+        print("  every run on a quiet machine (other work and step spread within what a quiet machine shows)")
     for ours, peer, target in RATIOS:
         if ours not in throughput or peer not in throughput:
             continue

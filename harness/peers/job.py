@@ -9,6 +9,7 @@ import asyncio
 import logging
 from pathlib import Path
 
+import psutil
 from omegaconf import DictConfig
 
 from harness.analysis import metrics
@@ -18,6 +19,7 @@ from harness.config import ConfigError, RunConfig
 from harness.core.records import RunRecords
 from harness.core.replay import replay
 from harness.environment import environment
+from harness.machine_load import MachineLoad, measurement
 from harness.model_spec import dtype_name, load_tokenizer, read_model_config
 from harness.peers.live import live_replay
 from harness.run_parts import device_caps, device_num_blocks, load_workload
@@ -36,8 +38,10 @@ def run_peer(cfg: RunConfig, raw: DictConfig, run_dir: Path) -> dict:
     records = RunRecords()
     prepare = _in_process if cfg.runner.name in ("hf_generate", "hf_continuous") else _over_http
     workload, (caps, concurrency), go = prepare(cfg, device, records, num_seqs, num_tokens, run_dir)
+    load = _machine_load(cfg)
     try:
-        go()
+        with load:
+            go()
     except RunInterrupted as stop:
         interrupted = stop  # write what was measured, marked partial
     else:
@@ -51,8 +55,21 @@ def run_peer(cfg: RunConfig, raw: DictConfig, run_dir: Path) -> dict:
     requests = metrics.requests_table(records).sort_values("request_id").reset_index(drop=True)
     summary = metrics.summarize(requests, None, metrics.inter_token_latencies([records]), labels, cfg.slo.ttft_s,
                                 cfg.slo.tpot_s)
-    summary |= {"partial": interrupted is not None} | environment(str(device), dtype)
+    summary |= {"partial": interrupted is not None} | environment(str(device), dtype) | measurement(load, None)
     return finish_run(run_dir, raw, cfg, records.requests, requests, None, summary, workload.info, interrupted)
+
+
+def _machine_load(cfg: RunConfig) -> MachineLoad:
+    """What watches the machine while a peer runs: transformers' batching keeps torch's threads busy; a server
+    (ours to start, or one on this machine at `runner.url`, whose processes then count as the run's) may use
+    every core beside the client."""
+    import torch
+
+    if cfg.runner.name != "openai":
+        return MachineLoad(torch.get_num_threads())
+    from harness.peers.server import local_server_pids
+
+    return MachineLoad(psutil.cpu_count() or 1, local_server_pids(cfg.runner.url) if cfg.runner.url else ())
 
 
 def system_label(runner) -> str:

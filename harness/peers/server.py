@@ -12,8 +12,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlparse
 
 import openai
+import psutil
 
 
 def free_port() -> int:
@@ -63,6 +65,20 @@ def _wait_ready(process: subprocess.Popen, url: str, timeout_s: float, log_path:
 
 def _tail(path: Path, lines: int = 5) -> str:
     return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+
+
+def local_server_pids(url: str) -> tuple[int, ...]:
+    """The processes listening on `url`'s port if it is on this machine (loopback), so their CPU time counts as
+    the measured system's and not as other work; () for a remote server, or when the system will not say."""
+    parsed = urlparse(url)
+    if parsed.hostname not in ("localhost", "127.0.0.1", "::1") or parsed.port is None:
+        return ()
+    try:
+        listening = psutil.net_connections(kind="tcp")
+    except psutil.Error:
+        return ()
+    return tuple(sorted({c.pid for c in listening if c.pid and c.status == psutil.CONN_LISTEN
+                         and c.laddr and c.laddr.port == parsed.port}))
 
 
 def word_tokenizer(vocab_size: int):

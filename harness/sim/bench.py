@@ -18,6 +18,7 @@ import pandas as pd
 
 from harness.config import compose_config, validate
 from harness.core.replay import replay
+from harness.machine_load import MachineLoad, machine_line
 from harness.sim.replica import simulated_replicas
 from workloads.traces import load_azure
 
@@ -71,17 +72,19 @@ def main() -> None:
     args = parser.parse_args()
     print(f"simulated requests per second of wall time ({args.requests} ShareGPT-profile requests a replica)")
     print(f"{'strategy':10s} {'load':5s} {'replicas':>8s} {'req/s':>9s} {'steps':>9s}")
-    for strategy in ("static", "dynamic", "continuous"):
-        for load, rate in LOADS.items():
-            for replicas in (1, 8):
-                speed, steps = replay_rate(strategy, rate * replicas, replicas, args.requests * replicas)
-                print(f"{strategy:10s} {load:5s} {replicas:8d} {speed:9.0f} {steps:9d}", flush=True)
-    if args.trace_rows:
-        print(f"Azure-format trace of {args.trace_rows} rows loaded in {trace_load(args.trace_rows):.1f} s")
-    if args.e2e_requests:
-        wall = end_to_end(args.e2e_requests)
-        print(f"end to end: {args.e2e_requests} requests (continuous, high load, one replica), workload to report: "
-              f"{wall:.0f} s wall")
+    with MachineLoad(run_cores=1) as machine:  # the simulator is one Python thread
+        for strategy in ("static", "dynamic", "continuous"):
+            for load, rate in LOADS.items():
+                for replicas in (1, 8):
+                    speed, steps = replay_rate(strategy, rate * replicas, replicas, args.requests * replicas)
+                    print(f"{strategy:10s} {load:5s} {replicas:8d} {speed:9.0f} {steps:9d}", flush=True)
+        if args.trace_rows:
+            print(f"Azure-format trace of {args.trace_rows} rows loaded in {trace_load(args.trace_rows):.1f} s")
+        if args.e2e_requests:
+            wall = end_to_end(args.e2e_requests)
+            print(f"end to end: {args.e2e_requests} requests (continuous, high load, one replica), workload to "
+                  f"report: {wall:.0f} s wall")
+    print(machine_line(machine))
 
 
 if __name__ == "__main__":
