@@ -18,8 +18,10 @@ from harness.real.model import load_model
 from harness.sim.measured import load_measured_runs
 from tests.conftest import ROOT
 
-SERVE = ("{python} -m transformers.cli.transformers serve {model_path} --continuous-batching --host 127.0.0.1 "
-         "--port {port}")
+# The KV cache of our CPU runs: left to itself a server takes 13 GB, and two at once do not fit the machine.
+SERVE = ("{python} -m transformers.cli.transformers serve {model_path} --continuous-batching --cb-num-blocks "
+         "{num_blocks} --cb-block-size {block_size} --host 127.0.0.1 --port {port}")
+CACHE = {"num_blocks": 2048, "block_size": 16}
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +33,7 @@ def served_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(served_model, tmp_path_factory):
-    with launched_server(SERVE, str(served_model), 180, tmp_path_factory.mktemp("log") / "server.log") as url:
+    with launched_server(SERVE, str(served_model), 180, tmp_path_factory.mktemp("log") / "server.log", **CACHE) as url:
         yield url
 
 
@@ -91,7 +93,7 @@ def test_the_run_can_start_and_stop_the_server_itself(served_model, tmp_path):
 
 
 def test_a_server_killed_mid_run_fails_its_requests_and_the_run_ends(served_model, tmp_path):
-    with launched_server(SERVE, str(served_model), 180, tmp_path / "server.log") as url:
+    with launched_server(SERVE, str(served_model), 180, tmp_path / "server.log", **CACHE) as url:
         port = int(url.split(":")[-1].split("/")[0])
         process = next(p for p in _children() if p[1][-2:] == ["--port", str(port)])
         stop = threading.Event()

@@ -95,6 +95,8 @@ def test_tools_find_run_folders_at_any_depth_and_say_when_there_are_none(model_f
     empty.mkdir(parents=True)
     with pytest.raises(MeasuredRunError, match="holds no measured run at any depth"):
         load_measured_runs([str(tmp_path / "empty")])
+    nothing = harness(str(tmp_path / "empty"), "--out", str(tmp_path / "none"), module="harness.analysis.compare")
+    assert nothing.returncode == 1 and "error: no run folder in" in nothing.stderr
     calibrate = harness(str(tmp_path / "empty"), module="harness.sim.calibrate")
     assert calibrate.returncode == 1 and calibrate.stderr.strip().splitlines() == [
         f"error: '{tmp_path / 'empty'}' holds no measured run at any depth: no vllm bench JSON and no finished run "

@@ -188,8 +188,12 @@ def main() -> None:
     missing = [str(p) for p in given if not p.is_dir()]
     if missing:
         raise SystemExit(f"error: not a folder: {', '.join(missing)}")
+    found = {folder: find_run_folders(folder) for folder in given}
+    if not any(found.values()):
+        raise SystemExit(f"error: no run folder in {', '.join(map(str, given))}, at any depth (a run folder has a "
+                         "status.json or a summary.json)")
     # A folder holding no run at any depth stays in the table as one, said so; every other gives its runs.
-    run_dirs = sorted({run for folder in given for run in (find_run_folders(folder) or [folder])})
+    run_dirs = sorted({run for folder, runs in found.items() for run in (runs or [folder])})
     base = Path(os.path.commonpath(run_dirs)) if len(run_dirs) > 1 else None
     print_comparison(write_comparison(run_dirs, args.out, base), args.out)
 

@@ -22,7 +22,7 @@ from harness.environment import environment
 from harness.machine_load import MachineLoad, measurement
 from harness.model_spec import dtype_name, load_tokenizer, read_model_config
 from harness.peers.live import live_replay
-from harness.run_parts import device_caps, device_num_blocks, load_workload
+from harness.run_parts import CPU_NUM_BLOCKS, device_caps, device_num_blocks, load_workload
 
 log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
@@ -147,17 +147,30 @@ def _over_http(cfg: RunConfig, device, records: RunRecords, num_seqs: int, num_t
     if runner.launch is None:
         return workload, ("the server's own", None), lambda: asyncio.run(send(runner.url, runner.model))
     model_path = _served_model_path(cfg, tokenizer, run_dir)
+    fields = _launch_fields(cfg, device)
 
     def go() -> None:
         log.info("starting the server: %s", runner.launch.format(port="<port>", model_path=model_path,
-                                                                 python="<python>"))
+                                                                 python="<python>", **fields))
         try:
-            with launched_server(runner.launch, model_path, runner.ready_timeout_s, run_dir / "server.log") as url:
+            with launched_server(runner.launch, model_path, runner.ready_timeout_s, run_dir / "server.log",
+                                 **fields) as url:
                 asyncio.run(send(url, model_path))
         except RuntimeError as e:
             raise ConfigError(str(e)) from None
 
     return workload, ("the server's own", None), go
+
+
+def _launch_fields(cfg: RunConfig, device) -> dict:
+    """The run's engine settings a launch command may name, so a server gets the cache our engines get:
+    `{num_blocks}` (`auto` is the CPU's fixed pool; on a GPU give kv_cache.num_blocks) and `{block_size}`."""
+    blocks = cfg.kv_cache.num_blocks
+    if blocks == "auto":
+        blocks = CPU_NUM_BLOCKS if device.type != "cuda" else None
+    if blocks is None and "{num_blocks}" in cfg.runner.launch:
+        raise ConfigError("runner.launch names {num_blocks}: on a GPU say kv_cache.num_blocks=<blocks> for the server")
+    return {"num_blocks": blocks, "block_size": cfg.kv_cache.block_size}
 
 
 def _served_model_path(cfg: RunConfig, tokenizer, run_dir: Path) -> str:

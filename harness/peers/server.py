@@ -25,12 +25,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def launched_server(command: str, model_path: str, ready_timeout_s: float, log_path: Path):
-    """Start `command` (`{port}`, `{model_path}` and `{python}`, this interpreter, filled in), wait until
-    `GET /v1/models` answers, yield its base URL; stop it afterwards (SIGTERM, then SIGKILL after 10 s). Raises
-    RuntimeError if it exits or is not ready in time, with the tail of its log."""
+def launched_server(command: str, model_path: str, ready_timeout_s: float, log_path: Path, **fields):
+    """Start `command` (`{port}`, `{model_path}`, `{python}` (this interpreter) and any of `fields`, the run's
+    engine settings such as `{num_blocks}`, filled in), wait until `GET /v1/models` answers, yield its base URL;
+    stop it afterwards (SIGTERM, then SIGKILL after 10 s). Raises RuntimeError if it exits or is not ready in
+    time, with the tail of its log."""
     port = free_port()
-    argv = shlex.split(command.format(port=port, model_path=model_path, python=sys.executable))
+    argv = shlex.split(command.format(port=port, model_path=model_path, python=sys.executable, **fields))
     url = f"http://127.0.0.1:{port}/v1"
     with open(log_path, "w") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
