@@ -21,9 +21,9 @@ from harness.machine_load import (
 )
 from tests.conftest import ROOT
 
-# A small real run: 8 requests decoding together give dozens of steps of one shape.
-SMALL_REAL_RUN = ["workload=synthetic", "workload.num_requests=8", "workload.prompt={dist: fixed, value: 32}",
-                  "workload.output={dist: fixed, value: 40}", "progress=false"]
+# A small real run: 6 requests decoding together give a score of steps of one shape.
+SMALL_REAL_RUN = ["workload=synthetic", "workload.num_requests=6", "workload.prompt={dist: fixed, value: 16}",
+                  "workload.output={dist: fixed, value: 24}", "progress=false"]
 
 
 def steps_of(durations: dict[tuple, list[float]]) -> pd.DataFrame:
