@@ -135,6 +135,8 @@ class OpenAIRunnerConfig(Strict):
     timeout_s: Positive = 600
     launch: str | None = None  # a command starting the server: {port} and {model_path} are filled in
     ready_timeout_s: Positive = 120
+    # A virtual environment holding the launched server, when its pins clash with ours: {python} is its interpreter.
+    server_env: str | None = None
 
     @model_validator(mode="after")
     def _a_server(self):
@@ -145,7 +147,16 @@ class OpenAIRunnerConfig(Strict):
             raise ValueError("give runner.url (a running server) or runner.launch (one the run starts), not both")
         if self.url and not self.model:
             raise ValueError("runner.model: name the model the server serves (its /v1/models lists them)")
+        if self.launch and self.server_env and not server_python(self.server_env).is_file():
+            raise ValueError(f"runner.server_env={self.server_env} has no bin/python: install the server there first "
+                             "(vLLM: bash scripts/install-vllm.sh)")
         return self
+
+
+def server_python(server_env: str) -> Path:
+    """The interpreter of a server's own environment; a relative folder is the checkout's."""
+    folder = Path(server_env)
+    return (folder if folder.is_absolute() else CONF_DIR.parent / folder) / "bin" / "python"
 
 
 RunnerConfig = Annotated[RealRunnerConfig | SimRunnerConfig | HFGenerateRunnerConfig | HFContinuousRunnerConfig

@@ -7,6 +7,7 @@ reports no steps, so its summary leaves padding, KV use and busy time empty (see
 
 import asyncio
 import logging
+import math
 from pathlib import Path
 
 import psutil
@@ -15,12 +16,12 @@ from omegaconf import DictConfig
 from harness.analysis import metrics
 from harness.analysis.results import RunInterrupted
 from harness.analysis.run_files import finish_run
-from harness.config import ConfigError, RunConfig
+from harness.config import ConfigError, RunConfig, server_python
 from harness.core.records import RunRecords
 from harness.core.replay import replay
 from harness.environment import environment
 from harness.machine_load import MachineLoad, measurement
-from harness.model_spec import dtype_name, load_tokenizer, read_model_config
+from harness.model_spec import DTYPE_BYTES, Architecture, dtype_name, load_tokenizer, read_model_config
 from harness.peers.live import live_replay
 from harness.run_parts import CPU_NUM_BLOCKS, device_caps, device_num_blocks, load_workload
 
@@ -37,11 +38,11 @@ def run_peer(cfg: RunConfig, raw: DictConfig, run_dir: Path) -> dict:
     (num_seqs, num_tokens), whose = device_caps(device)
     records = RunRecords()
     prepare = _in_process if cfg.runner.name in ("hf_generate", "hf_continuous") else _over_http
-    workload, (caps, concurrency), go = prepare(cfg, device, records, num_seqs, num_tokens, run_dir)
+    server = {"server_command": None, "server_version": None}  # a launched server's, said in the summary
+    workload, (caps, concurrency), go = prepare(cfg, device, records, num_seqs, num_tokens, run_dir, server)
     load = _machine_load(cfg)
     try:
-        with load:
-            go()
+        go(load)
     except RunInterrupted as stop:
         interrupted = stop  # write what was measured, marked partial
     else:
@@ -55,7 +56,8 @@ def run_peer(cfg: RunConfig, raw: DictConfig, run_dir: Path) -> dict:
     requests = metrics.requests_table(records).sort_values("request_id").reset_index(drop=True)
     summary = metrics.summarize(requests, None, metrics.inter_token_latencies([records]), labels, cfg.slo.ttft_s,
                                 cfg.slo.tpot_s)
-    summary |= {"partial": interrupted is not None} | environment(str(device), dtype) | measurement(load, None)
+    summary |= ({"partial": interrupted is not None} | server | environment(str(device), dtype)
+                | measurement(load, None))
     return finish_run(run_dir, raw, cfg, records.requests, requests, None, summary, workload.info, interrupted)
 
 
@@ -80,8 +82,10 @@ def system_label(runner) -> str:
     return runner.name
 
 
-def _in_process(cfg: RunConfig, device, records: RunRecords, num_seqs: int, num_tokens: int, run_dir: Path):
-    """(workload, the caps used, a callable that runs it) for transformers' batching in this process."""
+def _in_process(cfg: RunConfig, device, records: RunRecords, num_seqs: int, num_tokens: int, run_dir: Path,
+                server: dict):
+    """(workload, the caps used, `go(load)`, which runs it with `load` watching the machine) for transformers'
+    batching in this process."""
     from harness.real.model import load_model, resolve_dtype
 
     try:
@@ -98,29 +102,35 @@ def _in_process(cfg: RunConfig, device, records: RunRecords, num_seqs: int, num_
         peer = GenerateBatches(model, batch_size, context)
         peer.records = records
         peer.warm_up()
-        return workload, (f"batch_size {batch_size}", batch_size), lambda: replay(
-            [peer], workload.requests, progress=cfg.progress, desc=runner.name,
-            max_concurrency=cfg.workload.max_concurrency)
+
+        def go(load: MachineLoad) -> None:
+            with load:
+                replay([peer], workload.requests, progress=cfg.progress, desc=runner.name,
+                       max_concurrency=cfg.workload.max_concurrency)
+
+        return workload, (f"batch_size {batch_size}", batch_size), go
     from harness.peers.hf_continuous import TransformersContinuous
 
     max_seqs = num_seqs if runner.max_num_seqs == "auto" else runner.max_num_seqs
     max_tokens = num_tokens if runner.max_batch_tokens == "auto" else runner.max_batch_tokens
     blocks = device_num_blocks(cfg, model, device, model.dtype)
 
-    def go() -> None:
-        with TransformersContinuous(model, max_tokens, max_seqs, cfg.kv_cache.block_size, blocks) as peer:
+    def go(load: MachineLoad) -> None:
+        with TransformersContinuous(model, max_tokens, max_seqs, cfg.kv_cache.block_size, blocks) as peer, load:
             asyncio.run(live_replay(workload.requests, peer.submit, records, cfg.workload.max_concurrency,
                                     cfg.progress, runner.name))
 
     return workload, (f"max_batch_tokens {max_tokens}, max_num_seqs {max_seqs}, {blocks} blocks", max_seqs), go
 
 
-def _over_http(cfg: RunConfig, device, records: RunRecords, num_seqs: int, num_tokens: int, run_dir: Path):
-    """(workload, caps, a callable that runs it) for a server: the one at `runner.url`, or one started here."""
+def _over_http(cfg: RunConfig, device, records: RunRecords, num_seqs: int, num_tokens: int, run_dir: Path,
+               server: dict):
+    """(workload, caps, `go(load)`) for a server: the one at `runner.url`, or one started here, whose
+    command and reported version go into `server`."""
     import openai
 
     from harness.peers.openai_server import OpenAIClient
-    from harness.peers.server import launched_server, word_tokenizer
+    from harness.peers.server import launched_server, server_version, word_tokenizer
 
     runner = cfg.runner
     config = read_model_config(cfg.model)
@@ -145,32 +155,61 @@ def _over_http(cfg: RunConfig, device, records: RunRecords, num_seqs: int, num_t
             await client.close()
 
     if runner.launch is None:
-        return workload, ("the server's own", None), lambda: asyncio.run(send(runner.url, runner.model))
-    model_path = _served_model_path(cfg, tokenizer, run_dir)
-    fields = _launch_fields(cfg, device)
 
-    def go() -> None:
-        log.info("starting the server: %s", runner.launch.format(port="<port>", model_path=model_path,
-                                                                 python="<python>", **fields))
+        def go_remote(load: MachineLoad) -> None:
+            with load:
+                asyncio.run(send(runner.url, runner.model))
+
+        return workload, ("the server's own", None), go_remote
+    model_path = _served_model_path(cfg, tokenizer, run_dir)
+    fields = _launch_fields(cfg, device, config, num_seqs, num_tokens)
+    given = [key for key in ("max_num_seqs", "max_batch_tokens", "num_blocks") if f"{{{key}}}" in runner.launch]
+    caps = ", ".join(f"{key} {fields[key]}" for key in given) + " (given to the server)" if given else \
+        "the server's own"
+
+    def go(load: MachineLoad) -> None:
+        command = runner.launch.format(port="<port>", model_path=model_path, **({"python": "<python>"} | fields))
+        log.info("starting the server: %s", command)
+        server.update(server_command=" ".join(command.split()))
         try:
             with launched_server(runner.launch, model_path, runner.ready_timeout_s, run_dir / "server.log",
                                  **fields) as url:
-                asyncio.run(send(url, model_path))
+                server.update(server_version=server_version(url))
+                with load:  # the workload alone, while the server's processes are alive to count as the run's
+                    asyncio.run(send(url, model_path))
         except RuntimeError as e:
             raise ConfigError(str(e)) from None
 
-    return workload, ("the server's own", None), go
+    return workload, (caps, fields["max_num_seqs"] if given else None), go
 
 
-def _launch_fields(cfg: RunConfig, device) -> dict:
-    """The run's engine settings a launch command may name, so a server gets the cache our engines get:
-    `{num_blocks}` (`auto` is the CPU's fixed pool; on a GPU give kv_cache.num_blocks) and `{block_size}`."""
+def _launch_fields(cfg: RunConfig, device, config: dict, num_seqs: int, num_tokens: int) -> dict:
+    """The run's settings a launch command may name, so a server runs as our engines do: `{num_blocks}` and
+    `{block_size}` (the cache: `auto` is the CPU's fixed pool; on a GPU give kv_cache.num_blocks), `{kv_cache_gib}`
+    (what those blocks take, whole GiB), `{max_num_seqs}` and `{max_batch_tokens}` (our continuous strategy's caps,
+    `auto` resolved as for our runs), `{dtype}`, `{seed}`, `{cpu_list}` (the cores of torch's threads, `0-1`) and,
+    with `runner.server_env`, `{python}` (its interpreter)."""
+    import torch
+
+    runner, strategy = cfg.runner, cfg.strategy
     blocks = cfg.kv_cache.num_blocks
     if blocks == "auto":
         blocks = CPU_NUM_BLOCKS if device.type != "cuda" else None
-    if blocks is None and "{num_blocks}" in cfg.runner.launch:
+    if blocks is None and ("{num_blocks}" in runner.launch or "{kv_cache_gib}" in runner.launch):
         raise ConfigError("runner.launch names {num_blocks}: on a GPU say kv_cache.num_blocks=<blocks> for the server")
-    return {"num_blocks": blocks, "block_size": cfg.kv_cache.block_size}
+    dtype = dtype_name(cfg.dtype, device.type)
+    seqs = getattr(strategy, "max_num_seqs", "auto")
+    tokens = getattr(strategy, "max_batch_tokens", "auto")
+    concurrency = num_seqs if cfg.concurrency == "auto" else cfg.concurrency
+    per_token = Architecture.from_config(config, DTYPE_BYTES[dtype]).kv_bytes_per_token
+    kv_gib = math.ceil((blocks or 0) * cfg.kv_cache.block_size * per_token / 2**30)
+    fields = {"num_blocks": blocks, "block_size": cfg.kv_cache.block_size, "kv_cache_gib": max(1, kv_gib),
+              "max_num_seqs": concurrency if seqs == "auto" else seqs,
+              "max_batch_tokens": num_tokens if tokens == "auto" else tokens, "dtype": dtype, "seed": cfg.seed,
+              "cpu_list": f"0-{torch.get_num_threads() - 1}"}
+    if runner.server_env:
+        fields["python"] = str(server_python(runner.server_env))
+    return fields
 
 
 def _served_model_path(cfg: RunConfig, tokenizer, run_dir: Path) -> str:

