@@ -74,6 +74,11 @@ class MachineLoad:
         self._end = sample_cpu(self.extra_pids)
         self._load_avg_1m = os.getloadavg()[0]
 
+    @property
+    def measured(self) -> bool:
+        """Whether the measured region ran to its end (a run stopped before it began has no figures)."""
+        return self._end is not None
+
     def figures(self) -> dict:
         """`machine_cores`, `run_cores`, `other_cpu_cores` (mean cores other work kept busy, steal included),
         `steal_cores` and `load_avg_1m` (at the end, the run's own threads included)."""
@@ -120,7 +125,7 @@ MEASUREMENT_KEYS = ("machine_cores", "run_cores", "other_cpu_cores", "steal_core
 def measurement(load: MachineLoad | None, steps: pd.DataFrame | None) -> dict:
     """The summary's measurement figures: the machine's load over the run and its steps' spread, with the warning
     they call for; all None for a run that measured no wall time (a simulation)."""
-    if load is None:
+    if load is None or not load.measured:
         return dict.fromkeys(MEASUREMENT_KEYS)
     figures = load.figures() | {"step_time_spread": step_time_spread(steps)}
     return figures | {"measurement_warning": measurement_warning(figures)}

@@ -12,10 +12,12 @@ import psutil
 import pytest
 
 from harness.machine_load import (
+    MEASUREMENT_KEYS,
     MIN_STEPS_PER_SHAPE,
     OTHER_CORES_TOLERANCE,
     QUIET_STEP_SPREAD,
     MachineLoad,
+    measurement,
     measurement_warning,
     step_time_spread,
 )
@@ -60,6 +62,11 @@ def test_the_run_tree_counts_as_its_own_and_a_busy_sibling_as_other_work():
         subprocess.run([sys.executable, "-c", "import time; time.sleep(1)"])
     assert own.figures()["other_cpu_cores"] < 0.5  # its child's second of CPU was the run's
     assert beside.figures()["other_cpu_cores"] > 0.7  # the hog's, while the run's own child slept
+
+
+def test_a_run_stopped_before_its_measured_part_has_no_figures():
+    figures = measurement(MachineLoad(run_cores=1), None)  # never entered: stopped while a server started
+    assert set(figures) == set(MEASUREMENT_KEYS) and all(value is None for value in figures.values())
 
 
 @contextmanager

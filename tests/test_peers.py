@@ -106,3 +106,12 @@ def test_a_system_sets_the_runner_and_strategy_together(system):
     assert cfg.runner.name == expected[0]
     if expected[1]:
         assert cfg.strategy.name == expected[1]
+
+
+@pytest.mark.parametrize("system,label", [("vllm", "openai (vllm)"),
+                                          ("transformers_serve", "openai (transformers serve)"),
+                                          ("hf_continuous", "hf_continuous")])
+def test_a_launched_server_is_named_by_its_program(system, label):
+    from harness.peers.job import system_label
+
+    assert system_label(compose_config([f"system={system}"]).runner) == label

@@ -75,11 +75,15 @@ def _machine_load(cfg: RunConfig) -> MachineLoad:
 
 
 def system_label(runner) -> str:
-    """The peer's name in tables: the runner, and for a server the run started, which server it was."""
-    if runner.name == "openai" and runner.launch:
-        words = [w for w in runner.launch.split() if w not in ("{python}", "-m")]
-        return f"openai ({' '.join(words[:2]).replace('transformers.cli.transformers', 'transformers')})"
-    return runner.name
+    """The peer's name in tables: the runner, and for a server the run started, which server it was: the launch
+    command's program (a module by its package) and its subcommand, past `env` settings and the interpreter
+    (`openai (transformers serve)`, `openai (vllm)`)."""
+    if runner.name != "openai" or not runner.launch:
+        return runner.name
+    words = [w for w in runner.launch.split() if w not in ("env", "{python}", "-m") and "=" not in w]
+    program = words[0].split(".")[0]
+    subcommand = words[1] if len(words) > 1 and not words[1].startswith(("-", "{")) else ""
+    return f"openai ({' '.join(filter(None, [program, subcommand]))})"
 
 
 def _in_process(cfg: RunConfig, device, records: RunRecords, num_seqs: int, num_tokens: int, run_dir: Path,
