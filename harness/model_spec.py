@@ -13,6 +13,7 @@ from workloads.config import plain_config
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 MODEL_SOURCES = ("tiny", "config", "hf")  # built here with random weights, described only, or loaded
+MODEL_CATALOGUE = Path(__file__).resolve().parents[1] / "conf" / "model"
 
 
 def config_value(config, key: str, default=None):
@@ -171,11 +172,19 @@ def load_tokenizer(model_cfg):
 
 
 def described_model(name: str) -> dict:
-    """A model of the catalogue (`conf/model/<name>.yaml`) as its config mapping."""
+    """A model's config mapping from what describes it: a folder holding its `config.json` (a `model=hf` run's
+    `model.name`), or a catalogue entry with a `config` (`conf/model/<name>.yaml`)."""
     from omegaconf import OmegaConf
 
-    path = Path(__file__).resolve().parents[1] / "conf" / "model" / f"{name}.yaml"
-    if not path.is_file():
-        raise ValueError(f"unknown model {name!r}; the catalogue (conf/model/) has "
-                         f"{', '.join(sorted(p.stem for p in path.parent.glob('*.yaml')))}")
-    return OmegaConf.to_container(OmegaConf.load(path).config, resolve=True)
+    folder = Path(name)
+    if (folder / "config.json").is_file():
+        try:
+            return json.loads((folder / "config.json").read_text())
+        except ValueError as e:
+            raise ValueError(f"model {name!r}: its config.json is not JSON: {e}") from None
+    entry = MODEL_CATALOGUE / f"{name}.yaml"
+    if "/" not in name and entry.is_file() and "config" in (described := OmegaConf.load(entry)):
+        return OmegaConf.to_container(described.config, resolve=True)
+    catalogue = sorted(p.stem for p in MODEL_CATALOGUE.glob("*.yaml") if "config" in OmegaConf.load(p))
+    raise ValueError(f"unknown model {name!r}: give a model of the catalogue (conf/model/: {', '.join(catalogue)}) "
+                     "or a folder holding the model's config.json")

@@ -101,8 +101,16 @@ def test_every_described_model_has_its_published_size(name, billions):
 
 
 def test_an_unknown_model_lists_the_catalogue():
-    with pytest.raises(ValueError, match="unknown model 'llama-9b'; the catalogue .* has hf, llama-2-13b"):
+    with pytest.raises(ValueError, match=r"unknown model 'llama-9b': give a model of the catalogue \(conf/model/: "
+                                         r"llama-2-13b, llama-2-7b, .*\) or a folder holding the model's config.json"):
         described_model("llama-9b")
+    with pytest.raises(ValueError, match="unknown model 'hf'"):  # the hub model's entry describes no model
+        described_model("hf")
+
+
+def test_a_model_folder_describes_its_model(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(described_model("llama-3.1-8b")))
+    assert described_model(str(tmp_path)) == described_model("llama-3.1-8b")
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "tests" / "fixtures" / "published").rglob("*.json")),

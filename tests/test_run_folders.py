@@ -63,8 +63,9 @@ def test_a_sweep_over_a_model_path_keeps_its_jobs_compares_and_calibrates(model_
     assert len(comparison) == 2 and (comparison.status == "finished").all()
     assert set(comparison.run) == {p.name for p in jobs}
     out = tmp_path / "calibration.yaml"
-    fitted = harness(str(sweep), "--setup", "hardware=h100", "model=llama-2-7b", "--evaluations", "40",
-                     "--out", str(out), module="harness.sim.calibrate")
+    # The runs' model is the folder itself (model=hf): calibrate reads its config.json, no catalogue name needed.
+    fitted = harness(str(sweep), "--setup", "hardware=h100", "--evaluations", "40", "--out", str(out),
+                     module="harness.sim.calibrate")
     assert fitted.returncode == 0, fitted.stderr[-2000:]
     assert all(p.name in fitted.stdout for p in jobs) and out.is_file()
 

@@ -21,6 +21,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from harness.analysis.results import find_run_folders, read_status
+from harness.model_spec import described_model
 from workloads import RequestSpec
 
 log = logging.getLogger(__name__)
@@ -178,6 +179,11 @@ def load_measured_runs(paths: list[str], setup: dict | None = None) -> list[Meas
             raise MeasuredRunError(f"{str(path)!r} holds no measured run at any depth: no vllm bench JSON and no "
                                    f"finished run folder{f' ({len(folders)} that did not finish)' if folders else ''}")
         runs += found
+    for run in runs:  # the simulator must know each run's model before it replays one
+        try:
+            described_model(run.model)
+        except ValueError as e:
+            raise MeasuredRunError(f"measured run {run.source!r}: {e} (or name it: --setup model=<name>)") from None
     return runs
 
 
