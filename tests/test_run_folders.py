@@ -80,6 +80,8 @@ def test_tools_find_run_folders_at_any_depth_and_say_when_there_are_none(model_f
                       f"hydra.run.dir={nested / f'c{concurrency}'}")
         assert run.returncode == 0, run.stderr[-2000:]
     (tmp_path / "sweep" / "plots").mkdir()  # a folder of the sweep that is no run
+    (tmp_path / "sweep" / "model").mkdir()  # nor is a model's folder, whose JSON files are no benchmark's
+    (tmp_path / "sweep" / "model" / "config.json").write_text('{"model_type": "llama"}')
     assert [p.name for p in find_run_folders(tmp_path / "sweep")] == ["c2", "c8"]
     compared = harness(str(tmp_path / "sweep"), "--out", str(tmp_path / "cmp"), module="harness.analysis.compare")
     assert compared.returncode == 0, compared.stderr[-2000:]

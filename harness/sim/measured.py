@@ -173,7 +173,7 @@ def load_measured_runs(paths: list[str], setup: dict | None = None) -> list[Meas
             log.warning("measured runs: %s left out: its run did not finish (%s)", folder,
                         read_status(folder).get("status", "no summary.json"))
         inside = [p for p in sorted(path.rglob("*.json")) if not any(p.is_relative_to(f) for f in folders)
-                  and not any(part.startswith(".") for part in p.relative_to(path).parts)]
+                  and not any(part.startswith(".") for part in p.relative_to(path).parts) and _bench_result(p)]
         found = [load_measured(p) for p in inside] + [load_run_folder(f, setup or {}) for f in finished]
         if not found:
             raise MeasuredRunError(f"{str(path)!r} holds no measured run at any depth: no vllm bench JSON and no "
@@ -185,6 +185,15 @@ def load_measured_runs(paths: list[str], setup: dict | None = None) -> list[Meas
         except ValueError as e:
             raise MeasuredRunError(f"measured run {run.source!r}: {e} (or name it: --setup model=<name>)") from None
     return runs
+
+
+def _bench_result(path: Path) -> bool:
+    """Whether a JSON file found in a folder is a benchmark's result (and not a model's config or tokenizer)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "output_throughput" in data
 
 
 def _finished(folder: Path) -> bool:
