@@ -252,13 +252,13 @@ def one_line(error: ValidationError, data, prefix: str = "") -> str:
     # An unknown key first (it explains the rest: a stale key of a replaced distribution), then the shallowest.
     problems = sorted(error.errors(), key=lambda p: (p["type"] != "extra_forbidden", len(p["loc"])))
     problem = problems[0]
-    key, parent = _key_path(problem["loc"], data)
-    key = [prefix, *key] if prefix else key
+    written, parent = _key_path(problem["loc"], data)
+    key = [prefix, *written] if prefix else written
     name = ".".join(key).replace(".[", "[")
     message, kind = problem["msg"], problem["type"]
     # The members of a union the value fit none of: the same key, each member's own complaint.
     union = [p for p in problems if kind not in PLAIN_KINDS and p["type"] not in PLAIN_KINDS
-             and _key_path(p["loc"], data)[0] == _key_path(problem["loc"], data)[0]]
+             and _key_path(p["loc"], data)[0] == written]
     if kind == "missing":
         text = f"{'.'.join([*key, str(problem['loc'][-1])])} is required"
     elif kind == "extra_forbidden":
