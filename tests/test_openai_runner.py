@@ -79,7 +79,7 @@ def test_a_wrong_model_name_is_one_clear_error(server, tmp_path):
 
 
 def test_a_wrong_port_is_one_clear_error(tmp_path):
-    with pytest.raises(ConfigError, match="refused a first request: APIConnectionError"):
+    with pytest.raises(ConfigError, match="refused a first request: ClientConnectorError"):
         openai_run("http://127.0.0.1:9/v1", "m", tmp_path)
 
 

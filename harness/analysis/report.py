@@ -83,6 +83,7 @@ def run_report(summary: dict, requests: pd.DataFrame, steps: pd.DataFrame | None
         *[f"![{p.stem}]({p.as_posix()})" for p in plots],
         "",
         *_measurement(summary),
+        *_server(summary),
         "## Environment",
         "",
         *[f"- {key}: {summary.get(key)}" for key in ENVIRONMENT_KEYS],
@@ -122,3 +123,33 @@ def _measurement(summary: dict) -> list[str]:
             "- same-shaped steps' spread (p90 / median - 1): "
             + ("n/a (no step shape repeated enough)" if spread is None else f"{spread:.2f}"),
             f"- verdict: {summary['measurement_warning'] or 'a quiet machine: the timings stand'}", ""]
+
+
+def _server(summary: dict) -> list[str]:
+    """What the server said about its own engine (`/metrics`) beside what the client measured; nothing for a run
+    whose server said nothing."""
+    if summary.get("server_iterations") is None:
+        return []
+    rows = [("TTFT mean", duration(summary["ttft_s_mean"]), duration(summary["server_ttft_s_mean"])),
+            ("ITL mean", duration(summary["itl_s_mean"]), duration(summary["server_itl_s_mean"])),
+            ("E2E mean", duration(summary["e2e_s_mean"]), duration(summary["server_e2e_s_mean"]))]
+    per_chunk = summary.get("stream_tokens_per_chunk")
+    return ["## The server's own figures", "",
+            "What the server reported at `/metrics` over the run beside what the client measured: a gap is time "
+            "spent between the engine and the client (the server's front end, the network, the client).", "",
+            "| | client | server |", "|---|---|---|",
+            *[f"| {name} | {ours} | {theirs} |" for name, ours, theirs in rows],
+            "",
+            f"- engine steps: {summary['server_iterations']}, {summary['server_tokens_per_iteration']:.1f} tokens "
+            f"a step; running requests mean {_number(summary['server_running_mean'])} (max "
+            f"{_number(summary['server_running_max'])}), waiting mean {_number(summary['server_waiting_mean'])}",
+            f"- queueing in the server: mean {duration(summary['server_queue_s_mean'])}; preemptions: "
+            f"{summary['server_preemptions']}",
+            "- prefix cache: " + ("no queries" if summary["server_prefix_cache_hit_rate"] is None else
+                                  f"{summary['server_prefix_cache_hit_rate']:.1%} of "
+                                  f"{summary['server_prefix_cache_queries']} prompt tokens hit"),
+            "- tokens a stream chunk: " + ("n/a" if per_chunk is None else f"{per_chunk:.2f}"), ""]
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"

@@ -23,6 +23,7 @@ from harness.environment import environment
 from harness.machine_load import MachineLoad, measurement
 from harness.model_spec import DTYPE_BYTES, Architecture, dtype_name, load_tokenizer, read_model_config
 from harness.peers.live import live_replay
+from harness.peers.server_metrics import SERVER_KEYS
 from harness.run_parts import CPU_NUM_BLOCKS, device_caps, device_num_blocks, load_workload
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,9 @@ def run_peer(cfg: RunConfig, raw: DictConfig, run_dir: Path) -> dict:
     (num_seqs, num_tokens), whose = device_caps(device)
     records = RunRecords()
     prepare = _in_process if cfg.runner.name in ("hf_generate", "hf_continuous") else _over_http
-    server = {"server_command": None, "server_version": None}  # a launched server's, said in the summary
+    # A launched server's command and version, and what a server reports about its own engine, said in the summary.
+    server = {"server_command": None, "server_version": None, "stream_tokens_per_chunk": None} | dict.fromkeys(
+        SERVER_KEYS)
     workload, (caps, concurrency), go = prepare(cfg, device, records, num_seqs, num_tokens, run_dir, server)
     load = _machine_load(cfg)
     try:
@@ -58,6 +61,8 @@ def run_peer(cfg: RunConfig, raw: DictConfig, run_dir: Path) -> dict:
                                 cfg.slo.tpot_s)
     summary |= ({"partial": interrupted is not None} | server | environment(str(device), dtype)
                 | measurement(load, None))
+    summary["measurement_warning"] = merged_stream_warning(summary["measurement_warning"],
+                                                           server["stream_tokens_per_chunk"])
     return finish_run(run_dir, raw, cfg, records.requests, requests, None, summary, workload.info, interrupted)
 
 
@@ -131,10 +136,11 @@ def _over_http(cfg: RunConfig, device, records: RunRecords, num_seqs: int, num_t
                server: dict):
     """(workload, caps, `go(load)`) for a server: the one at `runner.url`, or one started here, whose
     command and reported version go into `server`."""
-    import openai
+    import aiohttp
 
-    from harness.peers.openai_server import OpenAIClient
+    from harness.peers.openai_server import OpenAIClient, ServerError
     from harness.peers.server import launched_server, server_version, word_tokenizer
+    from harness.peers.server_metrics import ServerMetrics
 
     runner = cfg.runner
     config = read_model_config(cfg.model)
@@ -150,11 +156,14 @@ def _over_http(cfg: RunConfig, device, records: RunRecords, num_seqs: int, num_t
         try:
             try:
                 await client.warm_up()
-            except openai.APIError as e:
+            except (ServerError, aiohttp.ClientError, TimeoutError) as e:
+                reason = " ".join(str(e).split())  # aiohttp's connection errors span lines
                 raise ConfigError(f"runner=openai: the server at {url} refused a first request: "
-                                  f"{type(e).__name__}: {e}") from None
-            await live_replay(workload.requests, client.submit, records, cfg.workload.max_concurrency, cfg.progress,
-                              runner.name)
+                                  f"{type(e).__name__}: {reason}") from None
+            async with ServerMetrics(url) as own_figures:
+                await live_replay(workload.requests, client.submit, records, cfg.workload.max_concurrency,
+                                  cfg.progress, runner.name)
+            server.update(own_figures.figures(), stream_tokens_per_chunk=_tokens_per_chunk(records))
         finally:
             await client.close()
 
@@ -165,8 +174,8 @@ def _over_http(cfg: RunConfig, device, records: RunRecords, num_seqs: int, num_t
                 asyncio.run(send(runner.url, runner.model))
 
         return workload, ("the server's own", None), go_remote
-    model_path = _served_model_path(cfg, tokenizer, run_dir)
-    fields = _launch_fields(cfg, device, config, num_seqs, num_tokens)
+    model_path = served_model_path(cfg, tokenizer, run_dir)
+    fields = launch_fields(cfg, device, config, num_seqs, num_tokens)
     given = [key for key in ("max_num_seqs", "max_batch_tokens", "num_blocks") if f"{{{key}}}" in runner.launch]
     caps = ", ".join(f"{key} {fields[key]}" for key in given) + " (given to the server)" if given else \
         "the server's own"
@@ -187,7 +196,30 @@ def _over_http(cfg: RunConfig, device, records: RunRecords, num_seqs: int, num_t
     return workload, (caps, fields["max_num_seqs"] if given else None), go
 
 
-def _launch_fields(cfg: RunConfig, device, config: dict, num_seqs: int, num_tokens: int) -> dict:
+def merged_stream_warning(warning: str | None, tokens_per_chunk: float | None) -> str | None:
+    """The run's measurement warning, with a stream whose tokens came merged (see `_tokens_per_chunk`) said too."""
+    if tokens_per_chunk is None or tokens_per_chunk <= MERGED_STREAM:
+        return warning
+    merged = (f"the server streamed {tokens_per_chunk:.1f} tokens a chunk: its front end fell behind its engine "
+              "and merged tokens, so TTFT, TPOT and ITL read from the stream are not the engine's")
+    return f"{warning}; {merged}" if warning else merged
+
+
+# Tokens a chunk beyond which a stream was merged: a server streaming every token sends about 1 (the first chunk of
+# some servers carries two).
+MERGED_STREAM = 1.5
+
+
+def _tokens_per_chunk(records: RunRecords) -> float | None:
+    """Output tokens over the stream chunks that carried them: 1 when the server streams every token as it is made;
+    more when its front end fell behind its engine and merged tokens into one chunk (vLLM does), so that TPOT and
+    ITL read from the stream are no longer the engine's."""
+    finished = [r for r in records.requests if r.token_times_s]
+    chunks = sum(len(r.token_times_s) for r in finished)
+    return sum(r.num_output_tokens for r in finished) / chunks if chunks else None
+
+
+def launch_fields(cfg: RunConfig, device, config: dict, num_seqs: int, num_tokens: int) -> dict:
     """The run's settings a launch command may name, so a server runs as our engines do: `{num_blocks}` and
     `{block_size}` (the cache: `auto` is the CPU's fixed pool; on a GPU give kv_cache.num_blocks), `{kv_cache_gib}`
     (what those blocks take, whole GiB), `{max_num_seqs}` and `{max_batch_tokens}` (our continuous strategy's caps,
@@ -216,7 +248,7 @@ def _launch_fields(cfg: RunConfig, device, config: dict, num_seqs: int, num_toke
     return fields
 
 
-def _served_model_path(cfg: RunConfig, tokenizer, run_dir: Path) -> str:
+def served_model_path(cfg: RunConfig, tokenizer, run_dir: Path) -> str:
     """What a launched server loads: a hub id or folder as given, or the default model saved into the run."""
     if cfg.model.source == "hf":
         return cfg.model.name

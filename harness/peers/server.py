@@ -17,7 +17,6 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
-import openai
 import psutil
 
 
@@ -52,16 +51,15 @@ def launched_server(command: str, model_path: str, ready_timeout_s: float, log_p
 
 def _wait_ready(process: subprocess.Popen, url: str, timeout_s: float, log_path: Path) -> None:
     deadline = time.monotonic() + timeout_s
-    probe = openai.OpenAI(base_url=url, api_key="none", timeout=1.0, max_retries=0)
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"runner.launch: the server exited with code {process.returncode} before it was "
                                f"ready; its log ends: {_tail(log_path)}")
         try:
-            probe.models.list()
-            return
-        except openai.APIError:
-            pass  # not listening yet
+            with urllib.request.urlopen(f"{url}/models", timeout=1.0):
+                return
+        except OSError:
+            pass  # not listening yet, or not serving yet (an HTTP error is an OSError too)
         time.sleep(0.2)
     raise RuntimeError(f"runner.launch: the server was not ready after {timeout_s:g} s "
                        f"(runner.ready_timeout_s); its log ends: {_tail(log_path)}")

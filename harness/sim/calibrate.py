@@ -8,6 +8,7 @@ README "Grounding").
 """
 
 import argparse
+import functools
 import math
 from dataclasses import asdict
 from pathlib import Path
@@ -33,11 +34,17 @@ BLOCK_SIZE = 16  # vLLM's default
 WEIGHTS = {"output_throughput_tps": 1.0, "tpot_s_p50": 1.0, "e2e_s_mean": 1.0, "ttft_s_p50": 1.0}
 
 
+@functools.cache
+def _described(model: str, hardware: str):
+    """A run's model and hardware, the same in every simulation of a fit: read (or, for `cpu`, measured) once. A
+    measurement taken anew for each trial would also move the loss under the search."""
+    config = described_model(model)
+    return config, Architecture.from_config(config, 2), get_hardware(hardware)  # bfloat16
+
+
 def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
     """The run's summary as the simulator predicts it with `params`."""
-    config = described_model(run.model)
-    arch = Architecture.from_config(config, 2)  # bfloat16
-    hardware = get_hardware(run.hardware)
+    config, arch, hardware = _described(run.model, run.hardware)
     costs = RooflineCostModel(arch, hardware, params.compute_efficiency, params.memory_efficiency,
                               params.step_overhead_s, params.seq_overhead_s, run.tensor_parallel,
                               params.token_overhead_s)
@@ -51,7 +58,12 @@ def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
         "continuous",
         options,
         lambda allocator: SimRunner(costs),
-        num_blocks=costs.num_kv_blocks(BLOCK_SIZE, run.memory_fraction),
+        # No more blocks than all the requests together could hold (and one for each sequence the engine may run,
+        # which it asks for): the same simulation, without a table of millions of free blocks (a CPU's memory, a
+        # tiny model) built for every trial.
+        num_blocks=min(costs.num_kv_blocks(BLOCK_SIZE, run.memory_fraction),
+                       max(options["max_num_seqs"], sum(-(-(spec.prompt_len + spec.max_new_tokens) // BLOCK_SIZE)
+                                                        for spec in run.requests))),
         block_size=BLOCK_SIZE,
         max_model_len=config["max_position_embeddings"],
         engine_class=simulated_engine,
@@ -131,6 +143,27 @@ def error_table(runs: list[MeasuredRun], params: RooflineParams, role: str) -> p
                          for run in runs])
 
 
+def repeat_table(runs: list[MeasuredRun], params: RooflineParams, role: str) -> pd.DataFrame:
+    """One row per load measured more than once (runs in one folder: `concurrency-4/seed-1`, `-2`, ...): the
+    prediction against the median of the repeats, each metric apart. On a machine whose speed drifts between runs
+    the median is what a prediction should meet; each run's own error is its noise as much as the model's."""
+    groups: dict[str, list[MeasuredRun]] = {}
+    for run in runs:
+        groups.setdefault(run.name.rpartition("/")[0], []).append(run)
+    rows = []
+    for load, repeats in groups.items():
+        if not load or len(repeats) < 2:
+            continue
+        predicted = [simulate(run, params) for run in repeats]
+        row = {"load": load, "role": role, "repeats": len(repeats)}
+        for key in WEIGHTS:
+            measured = [run.metrics[key] for run in repeats if run.metrics.get(key)]
+            if measured:
+                row[key] = float(np.median([p[key] for p in predicted])) / float(np.median(measured)) - 1
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description="Fit the simulator to measured runs (vllm bench serve --save-result --save-detailed JSONs with "
@@ -160,6 +193,10 @@ def main() -> None:
         "params": asdict(params), "fitted_on": [run.source for run in fitted],
         "loss": value, "errors": table.set_index("run").round(4).to_dict(orient="index")}, sort_keys=False))
     print(table.to_string(index=False, float_format=lambda x: f"{x:+.1%}"))
+    repeats = pd.concat([repeat_table(fitted, params, "fitted"), repeat_table(held_out, params, "held out")])
+    if len(repeats):
+        print("\nloads measured more than once: the prediction against the median of the repeats")
+        print(repeats.to_string(index=False, float_format=lambda x: f"{x:+.1%}"))
     print(f"calibration: {args.out}  (use it: runner=sim runner.calibration={args.out})")
 
 

@@ -162,10 +162,10 @@ def load_measured_runs(paths: list[str], setup: dict | None = None) -> list[Meas
     sweep of `runner=openai` runs, say). `setup` fills in what run folders do not say (`hardware`, `model`,
     `tensor_parallel`, `max_num_seqs`, ...). A run folder whose run did not finish is left out, said so in the log;
     a path holding no measured run at all is a `MeasuredRunError`."""
-    runs = []
+    found: list[tuple[Path, MeasuredRun]] = []  # each run with where it was read
     for path in map(Path, paths):
         if not path.is_dir():
-            runs.append(load_measured(path))
+            found.append((path, load_measured(path)))
             continue
         folders = find_run_folders(path)
         finished = [f for f in folders if _finished(f)]
@@ -174,17 +174,30 @@ def load_measured_runs(paths: list[str], setup: dict | None = None) -> list[Meas
                         read_status(folder).get("status", "no summary.json"))
         inside = [p for p in sorted(path.rglob("*.json")) if not any(p.is_relative_to(f) for f in folders)
                   and not any(part.startswith(".") for part in p.relative_to(path).parts) and _bench_result(p)]
-        found = [load_measured(p) for p in inside] + [load_run_folder(f, setup or {}) for f in finished]
-        if not found:
+        here = [(p, load_measured(p)) for p in inside] + [(f, load_run_folder(f, setup or {})) for f in finished]
+        if not here:
             raise MeasuredRunError(f"{str(path)!r} holds no measured run at any depth: no vllm bench JSON and no "
                                    f"finished run folder{f' ({len(folders)} that did not finish)' if folders else ''}")
-        runs += found
+        found += here
+    runs = _named(found)
     for run in runs:  # the simulator must know each run's model before it replays one
         try:
             described_model(run.model)
         except ValueError as e:
             raise MeasuredRunError(f"measured run {run.source!r}: {e} (or name it: --setup model=<name>)") from None
     return runs
+
+
+def _named(found: list[tuple[Path, MeasuredRun]]) -> list[MeasuredRun]:
+    """The runs, each named by the last parts of its path, as many as make every name unique: a sweep's jobs share
+    folder names (`concurrency-4/seed-1`, `concurrency-8/seed-1`)."""
+    places = [(where.with_suffix("") if where.is_file() else where).resolve().parts for where, _ in found]
+    depth = 1
+    while len({place[-depth:] for place in places}) < len(places) and depth < max(map(len, places), default=1):
+        depth += 1
+    for place, (_, run) in zip(places, found):
+        run.name = "/".join(place[-depth:])
+    return [run for _, run in found]
 
 
 def _bench_result(path: Path) -> bool:

@@ -1,0 +1,28 @@
+"""One vLLM server shared by many runs (the benchmarks, the CI test), started as `system=vllm` starts its own: the
+run's model saved with its tokenizer, the run's engine caps, cache, dtype and threads (see `conf/system/vllm.yaml`).
+A run of `runner=openai runner.url=<its URL>` then measures it without a start-up of a minute each."""
+
+import contextlib
+from pathlib import Path
+
+import torch
+
+from harness.model_spec import read_model_config
+from harness.peers.job import launch_fields, served_model_path
+from harness.peers.server import launched_server, word_tokenizer
+from harness.run_parts import device_caps
+
+
+@contextlib.contextmanager
+def started_vllm(cfg, out: Path, *flags: str):
+    """vLLM as `cfg` (a `system=vllm` config) would start it, serving its model saved into `out`, with `flags`
+    added to its command (`--no-enable-prefix-caching`, so that repeated rounds compute the same prompts afresh;
+    `--enforce-eager`, which starts some 15 s sooner without compiling the model): yields (its URL, the served
+    model's path, which is also its name)."""
+    device = torch.device("cpu")
+    config = read_model_config(cfg.model)
+    model_path = served_model_path(cfg, word_tokenizer(config["vocab_size"]), out)
+    fields = launch_fields(cfg, device, config, *device_caps(device)[0])
+    command = " ".join([cfg.runner.launch, *flags])
+    with launched_server(command, model_path, cfg.runner.ready_timeout_s, out / "server.log", **fields) as url:
+        yield url, model_path
