@@ -7,12 +7,9 @@ import json
 import os
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pandas as pd
 from hydra.experimental.callback import Callback
-from matplotlib import ticker
 
-from harness.analysis.plots import save_figure
 from harness.analysis.results import (
     RunStatus,
     find_run_folders,
@@ -78,6 +75,12 @@ def _slo_text(runs: pd.DataFrame) -> str:
 
 
 def plot_comparison(runs: pd.DataFrame, plots_dir: Path) -> list[Path]:
+    # Imported where drawn: every run loads this module (the sweep callback), and pyplot takes 0.6 s.
+    import matplotlib.pyplot as plt
+    from matplotlib import ticker
+
+    from harness.analysis.plots import save_figure
+
     finished = runs[runs.status == RunStatus.FINISHED]
     if finished.empty:
         return []
@@ -121,6 +124,10 @@ def plot_comparison(runs: pd.DataFrame, plots_dir: Path) -> list[Path]:
 
 def plot_systems(finished: pd.DataFrame, path: Path) -> Path:
     """One load, several systems (ours and peers): output throughput and TTFT p50 side by side."""
+    import matplotlib.pyplot as plt
+
+    from harness.analysis.plots import save_figure
+
     systems = finished.groupby("strategy")[["output_throughput_tps", "ttft_s_p50"]].mean()
     systems = systems.sort_values("output_throughput_tps")
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.5 * len(systems) + 1.5), sharey=True)
