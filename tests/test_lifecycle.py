@@ -35,8 +35,10 @@ def test_an_interrupted_run_writes_what_it_measured_and_says_so(signum, code, tm
     run.send_signal(signum)
     _, stderr = run.communicate(timeout=120)
     assert run.returncode == code
-    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
-    assert f"interrupted by {signal.Signals(signum).name}" in stderr
+    # One line says what happened; a second may say the machine was busy meanwhile (the measurement's own warning).
+    said = [line for line in stderr.strip().splitlines() if not line.startswith("warning: the machine was not quiet")]
+    assert "Traceback" not in stderr and len(said) == 1, stderr
+    assert f"interrupted by {signal.Signals(signum).name}" in said[0]
     status = read_status(tmp_path)
     assert status["status"] == RunStatus.INTERRUPTED
     summary = json.loads((tmp_path / "summary.json").read_text())

@@ -92,6 +92,7 @@ def test_the_run_can_start_and_stop_the_server_itself(served_model, tmp_path):
     assert (tmp_path / "served_model" / "tokenizer.json").is_file() and (tmp_path / "server.log").is_file()
 
 
+@pytest.mark.slow  # the default set kills a vLLM server mid-run (tests/test_vllm_server.py)
 def test_a_server_killed_mid_run_fails_its_requests_and_the_run_ends(served_model, tmp_path):
     with launched_server(SERVE, str(served_model), 180, tmp_path / "server.log", **CACHE) as url:
         port = int(url.split(":")[-1].split("/")[0])
