@@ -24,7 +24,7 @@ def test_a_sweeps_repeats_keep_their_own_names():
 def test_a_repeated_load_is_judged_by_the_median_of_its_repeats():
     runs = load_measured_runs([str(MEASURED / "concurrency-4"), str(MEASURED / "rate-8" / "seed-1")], SETUP)
     params = default_params(SETUP["hardware"])
-    table = repeat_table(runs, params, "held out")
+    table = repeat_table(runs, [simulate(run, params) for run in runs], "held out")
     assert list(table.load) == ["concurrency-4"] and table.repeats[0] == 3  # a load measured once has no row
     repeats = runs[:3]
     predicted = np.median([simulate(run, params)["tpot_s_p50"] for run in repeats])

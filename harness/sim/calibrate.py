@@ -137,29 +137,29 @@ def default_params(hardware: str) -> RooflineParams:
                           runner.frontend_latency_s, runner.frontend_service_s)
 
 
-def error_table(runs: list[MeasuredRun], params: RooflineParams, role: str) -> pd.DataFrame:
-    """One row per run: its relative error per matched metric."""
-    return pd.DataFrame([{"run": run.name, "role": role, **relative_errors(run, simulate(run, params))}
-                         for run in runs])
+def error_table(runs: list[MeasuredRun], predicted: list[dict], role: str) -> pd.DataFrame:
+    """One row per run: its relative error per matched metric (`predicted`: `simulate` of each run)."""
+    return pd.DataFrame([{"run": run.name, "role": role, **relative_errors(run, prediction)}
+                         for run, prediction in zip(runs, predicted)])
 
 
-def repeat_table(runs: list[MeasuredRun], params: RooflineParams, role: str) -> pd.DataFrame:
+def repeat_table(runs: list[MeasuredRun], predicted: list[dict], role: str) -> pd.DataFrame:
     """One row per load measured more than once (runs in one folder: `concurrency-4/seed-1`, `-2`, ...): the
-    prediction against the median of the repeats, each metric apart. On a machine whose speed drifts between runs
-    the median is what a prediction should meet; each run's own error is its noise as much as the model's."""
-    groups: dict[str, list[MeasuredRun]] = {}
-    for run in runs:
-        groups.setdefault(run.name.rpartition("/")[0], []).append(run)
+    prediction (`predicted`: `simulate` of each run) against the median of the repeats, each metric apart. On a
+    machine whose speed drifts between runs the median is what a prediction should meet; each run's own error is
+    its noise as much as the model's."""
+    groups: dict[str, list[tuple[MeasuredRun, dict]]] = {}
+    for run, prediction in zip(runs, predicted):
+        groups.setdefault(run.name.rpartition("/")[0], []).append((run, prediction))
     rows = []
     for load, repeats in groups.items():
         if not load or len(repeats) < 2:
             continue
-        predicted = [simulate(run, params) for run in repeats]
         row = {"load": load, "role": role, "repeats": len(repeats)}
         for key in WEIGHTS:
-            measured = [run.metrics[key] for run in repeats if run.metrics.get(key)]
+            measured = [run.metrics[key] for run, _ in repeats if run.metrics.get(key)]
             if measured:
-                row[key] = float(np.median([p[key] for p in predicted])) / float(np.median(measured)) - 1
+                row[key] = float(np.median([p[key] for _, p in repeats])) / float(np.median(measured)) - 1
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -183,7 +183,9 @@ def main() -> None:
         raise SystemExit(f"error: {e}") from None
     start = default_params(fitted[0].hardware)
     params, value = fit(fitted, start, args.evaluations)
-    table = pd.concat([error_table(fitted, params, "fitted"), error_table(held_out, params, "held out")])
+    roles = [(fitted, "fitted"), (held_out, "held out")]
+    predicted = [[simulate(run, params) for run in runs] for runs, _ in roles]  # once each, for both tables
+    table = pd.concat([error_table(runs, p, role) for (runs, role), p in zip(roles, predicted)])
     worst = table.drop(columns=["run", "role"]).abs().max(axis=None)
     if value > CONVERGED_LOSS:
         raise SystemExit(f"error: the fit did not converge: its best parameters still miss by up to {worst:.0%} "
@@ -193,7 +195,7 @@ def main() -> None:
         "params": asdict(params), "fitted_on": [run.source for run in fitted],
         "loss": value, "errors": table.set_index("run").round(4).to_dict(orient="index")}, sort_keys=False))
     print(table.to_string(index=False, float_format=lambda x: f"{x:+.1%}"))
-    repeats = pd.concat([repeat_table(fitted, params, "fitted"), repeat_table(held_out, params, "held out")])
+    repeats = pd.concat([repeat_table(runs, p, role) for (runs, role), p in zip(roles, predicted)])
     if len(repeats):
         print("\nloads measured more than once: the prediction against the median of the repeats")
         print(repeats.to_string(index=False, float_format=lambda x: f"{x:+.1%}"))
