@@ -42,3 +42,12 @@ def test_a_fit_is_the_same_every_time_and_describes_the_model_and_hardware_once(
     first, loss = fit(runs, start, max_evaluations=25)
     assert fit(runs, start, max_evaluations=25) == (first, loss)
     assert reads == ["tiny-llama"]  # once for the whole fit, not once a simulation
+
+
+def test_the_repeats_of_a_load_are_grouped_by_their_folder_whatever_their_names():
+    # Alone, `seed-1`..`seed-3` are unique names; the folder holding them still makes them one load.
+    runs = load_measured_runs([str(MEASURED / "concurrency-2")], SETUP)
+    assert [run.name for run in runs] == ["seed-1", "seed-2", "seed-3"]
+    assert {run.load for run in runs} == {"concurrency-2"}
+    table = repeat_table(runs, [simulate(run, default_params(SETUP["hardware"])) for run in runs], "held out")
+    assert list(table.load) == ["concurrency-2"] and table.repeats[0] == 3

@@ -144,13 +144,13 @@ def error_table(runs: list[MeasuredRun], predicted: list[dict], role: str) -> pd
 
 
 def repeat_table(runs: list[MeasuredRun], predicted: list[dict], role: str) -> pd.DataFrame:
-    """One row per load measured more than once (runs in one folder: `concurrency-4/seed-1`, `-2`, ...): the
-    prediction (`predicted`: `simulate` of each run) against the median of the repeats, each metric apart. On a
+    """One row per load measured more than once (run folders in one folder: `concurrency-4/seed-1`, `-2`, ...):
+    the prediction (`predicted`: `simulate` of each run) against the median of the repeats, each metric apart. On a
     machine whose speed drifts between runs the median is what a prediction should meet; each run's own error is
     its noise as much as the model's."""
-    groups: dict[str, list[tuple[MeasuredRun, dict]]] = {}
+    groups: dict[str | None, list[tuple[MeasuredRun, dict]]] = {}
     for run, prediction in zip(runs, predicted):
-        groups.setdefault(run.name.rpartition("/")[0], []).append((run, prediction))
+        groups.setdefault(run.load, []).append((run, prediction))
     rows = []
     for load, repeats in groups.items():
         if not load or len(repeats) < 2:

@@ -60,6 +60,9 @@ class MeasuredRun:
     setup: dict = field(default_factory=dict)
     # Requests whose TTFT the benchmark recorded as 0 and averaged in (see `_zero_ttft_requests`).
     zero_ttft_requests: frozenset[int] = frozenset()
+    # The folder holding this run folder, for runs found inside a folder given: its repeats of one load
+    # (`concurrency-4/seed-1`, `-2`, ...) share it. None for a run given by itself.
+    load: str | None = None
 
 
 def load_measured(path: str | Path, seed: int = 0) -> MeasuredRun:
@@ -175,6 +178,9 @@ def load_measured_runs(paths: list[str], setup: dict | None = None) -> list[Meas
         inside = [p for p in sorted(path.rglob("*.json")) if not any(p.is_relative_to(f) for f in folders)
                   and not any(part.startswith(".") for part in p.relative_to(path).parts) and _bench_result(p)]
         here = [(p, load_measured(p)) for p in inside] + [(f, load_run_folder(f, setup or {})) for f in finished]
+        for where, run in here:
+            if where.parent != path.parent:  # found inside `path`, not `path` itself
+                run.load = where.parent.relative_to(path.parent).as_posix()
         if not here:
             raise MeasuredRunError(f"{str(path)!r} holds no measured run at any depth: no vllm bench JSON and no "
                                    f"finished run folder{f' ({len(folders)} that did not finish)' if folders else ''}")
