@@ -235,6 +235,7 @@ class KVCacheConfig(Strict):
     block_size: Count  # the model's context bounds it (checked in `validate`)
     num_blocks: Literal["auto"] | Count = "auto"
     memory_fraction: Fraction = 0.9
+    prefix_caching: bool = True  # reuse cached prompt prefixes, as vLLM's V1 engine does by default
 
 
 class SLOConfig(Strict):

@@ -53,7 +53,8 @@ def run_job(raw: DictConfig, run_dir: Path) -> dict:
               "arrival": cfg.workload.arrival, "rate": cfg.workload.rate,
               "concurrency": replicas[0].strategy.max_concurrency, "max_concurrency": cfg.workload.max_concurrency,
               "engine_caps": replicas[0].caps_source, "num_blocks": replicas[0].allocator.num_blocks,
-              "block_size": cfg.kv_cache.block_size, "replicas": len(replicas),
+              "block_size": cfg.kv_cache.block_size, "prefix_caching": cfg.kv_cache.prefix_caching,
+              "replicas": len(replicas),
               "tensor_parallel": getattr(cfg.runner, "tensor_parallel", 1),
               "num_gpus": len(replicas) * getattr(cfg.runner, "tensor_parallel", 1),
               "cost_model": type(replicas[0].runner.cost_model).__name__ if cfg.runner.name == "sim" else None,
@@ -64,7 +65,9 @@ def run_job(raw: DictConfig, run_dir: Path) -> dict:
     records = [r for e in replicas for r in e.records.requests]
     itl = metrics.inter_token_latencies([e.records for e in replicas])
     summary = metrics.summarize(requests, steps, itl, labels, cfg.slo.ttft_s, cfg.slo.tpot_s, len(replicas))
-    summary |= {"partial": interrupted is not None} | environment(device, dtype) | measurement(load, steps)
+    summary |= {"partial": interrupted is not None, "num_prefix_evictions": sum(e.allocator.num_evictions
+                                                                               for e in replicas)}
+    summary |= environment(device, dtype) | measurement(load, steps)
     if len(replicas) > 1:
         write_csv(run_dir / "replicas.csv", pd.DataFrame([
             {"replica": i} | metrics.summarize(t[0], t[1], metrics.inter_token_latencies([e.records]), {},

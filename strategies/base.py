@@ -49,6 +49,11 @@ class Request:
     # Tokens whose K/V sit in the cache. The last token in `token_ids` is never computed until scheduled.
     num_computed_tokens: int = 0
     num_preemptions: int = 0
+    # Prompt tokens found in the prefix cache when it was first admitted (None until then).
+    num_cached_tokens: int | None = None
+    # The workload's (key, tokens) pieces the prompt starts with, shared by key: what names its blocks for a prefix
+    # cache when it has no token ids (a simulation).
+    prefix_pieces: tuple[tuple[int, int], ...] = ()
     reject_reason: str | None = None
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
@@ -147,9 +152,13 @@ class KVBlocks(Protocol):
 
     def num_blocks_for(self, num_tokens: int) -> int: ...
 
-    def allocate(self, request_id: int, num_tokens: int) -> bool: ...
+    def num_cached_tokens(self, request: Request) -> int:
+        """Leading tokens of a request about to enter that the prefix cache holds (0 without one)."""
 
-    def free(self, request_id: int) -> None: ...
+    def allocate(self, request: Request, num_tokens: int, num_cached_tokens: int = 0) -> bool:
+        """Hold slots for `num_tokens` of the request's tokens, its first `num_cached_tokens` from the cache."""
+
+    def free(self, request: Request) -> None: ...
 
 
 class Strategy(ABC):
@@ -171,4 +180,4 @@ class Strategy(ABC):
 
     def on_finished(self, request: Request) -> None:
         """Called by the engine when a request is done; by default its blocks go back at once."""
-        self.kv.free(request.request_id)
+        self.kv.free(request)

@@ -10,9 +10,10 @@ ORDERS = ("decode_first", "prefill_first")
 
 class ContinuousBatching(Strategy):
     """Each step: every running request's next tokens under the budget `max_batch_tokens` (decodes first by
-    default), then waiting requests' prompts, chunked to fit. Blocks are allocated as tokens are computed and
-    freed the moment a request finishes. When the cache runs out, the newest running request is preempted and
-    will recompute its tokens later; no request is dropped.
+    default), then waiting requests' prompts, chunked to fit, each from the end of its cached prefix. Blocks are
+    allocated as tokens are computed and freed the moment a request finishes. When the cache runs out, the newest
+    running request is preempted and will recompute its tokens later (less what the prefix cache still holds); no
+    request is dropped.
     """
 
     name = "continuous"
@@ -46,11 +47,11 @@ class ContinuousBatching(Strategy):
                 break
             if request in preempted:
                 continue
-            num_new = self.num_new_tokens(request, budget)
-            while not self.kv.allocate(request.request_id, request.num_computed_tokens + num_new):
+            num_new = self.num_new_tokens(request, request.num_computed_tokens, budget)
+            while not self.kv.allocate(request, request.num_computed_tokens + num_new):
                 # Recompute-style preemption: the victim's cache goes; the engine queues it first again.
                 victim = staying.pop()
-                self.kv.free(victim.request_id)
+                self.kv.free(victim)
                 preempted.append(victim)
                 chunk = scheduled.pop(victim.request_id, None)
                 budget += chunk.num_tokens if chunk else 0
@@ -66,15 +67,17 @@ class ContinuousBatching(Strategy):
             for request in waiting:
                 if budget == 0 or len(staying) + len(admitted) >= self.max_num_seqs:
                     break
-                num_new = self.num_new_tokens(request, budget)
-                if not self.kv.allocate(request.request_id, num_new):
+                cached = self.kv.num_cached_tokens(request)
+                num_new = self.num_new_tokens(request, cached, budget)
+                if not self.kv.allocate(request, cached + num_new, cached):
                     break
                 admitted.append(request)
-                scheduled[request.request_id] = ScheduledChunk(request, 0, num_new)
+                scheduled[request.request_id] = ScheduledChunk(request, cached, num_new)
                 budget -= num_new
 
         return BatchPlan(chunks=list(scheduled.values()), admitted=admitted, preempted=preempted)
 
-    def num_new_tokens(self, request: Request, budget: int) -> int:
-        """The tokens `request` runs next under `budget`: the rest of its prompt (or recompute) up to the chunk cap."""
-        return min(request.num_tokens - request.num_computed_tokens, budget, self.max_prefill_chunk)
+    def num_new_tokens(self, request: Request, start: int, budget: int) -> int:
+        """The tokens `request` runs next from `start` (its computed or cached tokens) under `budget`: the rest of
+        its prompt (or recompute) up to the chunk cap."""
+        return min(request.num_tokens - start, budget, self.max_prefill_chunk)

@@ -12,7 +12,8 @@ class DynamicBatching(Strategy):
 
     A newcomer's whole prompt runs in the same rectangle as the others' single decode tokens, so inserting an
     n-token prompt into B rows costs (n-1)(B-1) padding tokens. Each row reserves the slots of its request's
-    full length (prompt + max_new_tokens) when it enters, as a padded engine preallocates its rows.
+    full length (prompt + max_new_tokens) when it enters, as a padded engine preallocates its rows. With a prefix
+    cache, a newcomer's row starts after its cached prefix: the rectangle is as wide as the uncached prompt.
     """
 
     name = "dynamic"
@@ -30,9 +31,10 @@ class DynamicBatching(Strategy):
         for request in waiting:
             if len(running) + len(admitted) >= self.batch_size:
                 break
-            if not self.kv.allocate(request.request_id, request.max_num_tokens):
+            cached = self.kv.num_cached_tokens(request)
+            if not self.kv.allocate(request, request.max_num_tokens, cached):
                 break  # FIFO: the head of the queue waits for blocks, nobody overtakes it
-            admitted.append(request)
-        chunks = [ScheduledChunk(r, r.num_computed_tokens, r.num_tokens - r.num_computed_tokens)
-                  for r in (*running, *admitted)]
-        return BatchPlan(chunks=chunks, padded=True, admitted=admitted)
+            admitted.append((request, cached))
+        chunks = [ScheduledChunk(r, r.num_computed_tokens, r.num_tokens - r.num_computed_tokens) for r in running]
+        chunks += [ScheduledChunk(r, cached, r.num_tokens - cached) for r, cached in admitted]
+        return BatchPlan(chunks=chunks, padded=True, admitted=[r for r, _ in admitted])

@@ -12,7 +12,8 @@ class StaticBatching(Strategy):
 
     A finished request's row keeps being computed (as padding) until the whole batch drains, and every row holds
     the slots of the full rectangle (longest prompt + longest output) until then, as a padded engine
-    preallocates `[B, L + max_new_tokens]`. Nothing joins mid-batch.
+    preallocates `[B, L + max_new_tokens]`. Nothing joins mid-batch. With a prefix cache, each row's prefill starts
+    after its cached prefix, so the first rectangle is as wide as the longest uncached prompt.
     """
 
     name = "static"
@@ -37,7 +38,8 @@ class StaticBatching(Strategy):
         )
 
     def _start_batch(self, waiting: deque[Request]) -> BatchPlan:
-        # Take the longest FIFO prefix of the queue whose rectangle fits in the cache.
+        # Take the longest FIFO prefix of the queue whose rectangle fits in the cache, sized as if nothing were
+        # cached: a row's cached blocks may be free ones it takes back, so only the whole rectangle is a safe bound.
         candidates = list(islice(waiting, self.batch_size))
         rows = 0
         for k in range(1, len(candidates) + 1):
@@ -46,11 +48,13 @@ class StaticBatching(Strategy):
             rows = k
         self.batch = candidates[:rows]
         width = self._rectangle_width(self.batch)
-        for request in self.batch:
-            allocated = self.kv.allocate(request.request_id, width)
+        cached = []
+        for request in self.batch:  # each looks up just before it allocates: an earlier row's blocks may evict
+            cached.append(self.kv.num_cached_tokens(request))
+            allocated = self.kv.allocate(request, width, cached[-1])
             assert allocated, "the rectangle was sized to fit the free blocks"
-        return BatchPlan(chunks=[ScheduledChunk(r, 0, r.num_tokens) for r in self.batch], padded=True,
-                         admitted=list(self.batch))
+        return BatchPlan(chunks=[ScheduledChunk(r, n, r.num_tokens - n) for r, n in zip(self.batch, cached)],
+                         padded=True, admitted=list(self.batch))
 
     @staticmethod
     def _rectangle_width(requests: list[Request]) -> int:
@@ -62,5 +66,5 @@ class StaticBatching(Strategy):
         # Rows are held, pads and all, until the batch drains.
         if all(r.status == RequestStatus.FINISHED for r in self.batch):
             for r in self.batch:
-                self.kv.free(r.request_id)
+                self.kv.free(r)
             self.batch = []

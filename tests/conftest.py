@@ -95,19 +95,21 @@ class ScriptedRunner:
 
 
 def run_engine(model, specs, strategy: str, block_size: int = 4, num_blocks: int = 256, keep_logits=False,
-               max_model_len: int = 2048, kernel_backend: str = "auto", **options):
+               max_model_len: int = 2048, kernel_backend: str = "auto", prefix_caching: bool = False, **options):
     """The real runner on `model`, with scripted step times: (records, engine, runner with the kept logits)."""
     engine = build_replica(strategy, options,
                            lambda a: ScriptedRunner(RealRunner(model, a, keep_logits, kernel_backend)),
-                           num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len)
+                           num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len,
+                           prefix_caching=prefix_caching)
     return engine.run(specs), engine, engine.runner
 
 
 def run_schedule(specs, strategy: str, block_size: int = 4, num_blocks: int = 256, max_model_len: int = 2048,
-                 eos_token_ids=(), **options):
+                 eos_token_ids=(), prefix_caching: bool = False, **options):
     """The schedule alone, no model: (records, runner with every plan, allocator)."""
     engine = build_replica(strategy, options, lambda a: ScriptedRunner(), num_blocks=num_blocks,
-                           block_size=block_size, max_model_len=max_model_len, eos_token_ids=eos_token_ids)
+                           block_size=block_size, max_model_len=max_model_len, eos_token_ids=eos_token_ids,
+                           prefix_caching=prefix_caching)
     return engine.run(specs), engine.runner, engine.allocator
 
 
@@ -123,4 +125,4 @@ def assert_same_records(reference: list, simulated: list) -> None:
 
 def request_outcome(r) -> tuple:
     return (r.request_id, r.status, r.reject_reason, r.sent_s, r.first_scheduled_s, r.first_token_s, r.finish_s,
-            r.num_output_tokens, r.num_preemptions)
+            r.num_output_tokens, r.num_preemptions, r.num_cached_tokens)

@@ -108,7 +108,7 @@ def test_the_client_refuses_nothing_and_loses_nothing_when_slots_are_scarce():
     client = Client(make_specs([(4, 2)] * 3), max_concurrency=1)
     spec, sent = client.send()
     assert (spec.request_id, sent) == (0, 0.0) and math.isinf(client.next_send_s)
-    client.complete(2.5)
+    client.complete(spec.request_id, 2.5)
     assert client.next_send_s == 2.5 and client.has_pending
 
 

@@ -5,6 +5,8 @@ that add up, and the simulated engines making exactly the records of the step-by
 A few hundred cases run by default; `pytest -m slow` runs ten thousand.
 """
 
+from functools import partial
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -34,10 +36,22 @@ def scenarios(draw):
     lengths = draw(st.lists(st.tuples(st.integers(1, 60), st.integers(1, 40)), min_size=n, max_size=n))
     gaps = draw(st.lists(st.sampled_from([0.0, 0.0, 0.001, 0.01, 0.05, 0.3]), min_size=n, max_size=n))
     arrivals = [sum(gaps[:i + 1]) for i in range(n)]
-    specs = [RequestSpec(i, arrivals[i], tuple(range(1, p + 1)), m) for i, (p, m) in enumerate(lengths)]
+    prefix_caching = draw(st.booleans())  # shared prefixes come with a smaller cache: hits, evictions, preemption
+    # Shared prefixes (one of a few, or none) as pieces with matching ids; or every prompt its own.
+    shared = prefix_caching and draw(st.booleans())
+    prefixes = draw(st.lists(st.integers(0, 40), min_size=n, max_size=n)) if shared else [0] * n
+    keys = draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))
+    specs = []
+    for i, ((p, m), k, shared_len) in enumerate(zip(lengths, keys, prefixes)):
+        shared_len = min(shared_len, p)
+        ids = tuple(1000 * (k + 1) + t for t in range(shared_len)) + tuple(100_000 * (i + 1) + t for t in
+                                                                           range(p - shared_len))
+        pieces = ((k, shared_len),) if shared_len else ()
+        specs.append(RequestSpec(i, arrivals[i], ids, m, prefix_pieces=pieces))
     return {
+        "prefix_caching": prefix_caching, "shared": shared,
         "strategy": strategy, "options": options, "specs": specs,
-        "block_size": draw(st.integers(1, 16)), "num_blocks": draw(st.integers(concurrency, 160)),
+        "block_size": draw(st.integers(1, 16)), "num_blocks": draw(st.integers(concurrency, 48 if shared else 160)),
         "max_model_len": draw(st.integers(8, 128)), "replicas": draw(st.integers(1, 3)),
         "router": draw(st.sampled_from(sorted(ROUTERS))), "max_concurrency": draw(st.none() | st.integers(1, 6)),
         "cost": StepCost(draw(st.sampled_from([0.001, 0.01])), per_token_s=draw(st.sampled_from([0.0, 1e-4])),
@@ -48,7 +62,8 @@ def scenarios(draw):
 def run(scenario: dict, engine_class) -> list:
     engines = [build_replica(scenario["strategy"], scenario["options"], lambda a: SimRunner(scenario["cost"]),
                              num_blocks=scenario["num_blocks"], block_size=scenario["block_size"],
-                             max_model_len=scenario["max_model_len"], engine_class=engine_class)
+                             max_model_len=scenario["max_model_len"], engine_class=engine_class,
+                             prefix_caching=scenario["prefix_caching"])
                for _ in range(scenario["replicas"])]
     route = ROUTERS[scenario["router"]]() if len(engines) > 1 else None
     replay(engines, scenario["specs"], route, max_concurrency=scenario["max_concurrency"])
@@ -74,6 +89,12 @@ def check_invariants(scenario: dict) -> None:
         assert r.finish_s == r.token_times_s[-1]
     for engine in engines:
         assert engine.allocator.num_used_blocks == 0  # no leak
+        prefix = engine.allocator.prefix
+        if prefix is not None:  # every reference given back; each block either free or cached, never both
+            assert all(count == 0 for count in prefix.ref_counts.values())
+            assert set(prefix.evictable) == set(prefix.hash_of) == set(prefix.block_of.values())
+            assert not set(prefix.evictable) & set(engine.allocator._free)
+            assert len(engine.allocator._free) + len(prefix.evictable) == scenario["num_blocks"]
         assert not engine.waiting and not engine.running
         steps = list(engine.records.steps.frame().itertuples())
         for s, after in zip(steps, steps[1:]):  # the clock only moves forward, by each step's duration at least
@@ -91,9 +112,13 @@ def check_invariants(scenario: dict) -> None:
     needed = sum(r.num_prompt_tokens + r.num_output_tokens - 1 for r in finished)
     computed = sum(int(e.records.steps.column(c).sum()) for e in engines
                    for c in ("num_prefill_tokens", "num_decode_tokens"))
+    cached = sum(int(e.records.steps.column("num_cached_tokens").sum()) for e in engines)
+    assert sum(r.num_cached_tokens or 0 for r in records) <= cached  # first admissions, and re-admissions
     preempted = sum(r.num_preemptions for r in records)
-    assert computed == needed if not preempted else computed > needed
-    assert_same_records(engines, run(scenario, simulated_engine))
+    assert computed + cached == needed if not preempted else computed + cached > needed
+    if not scenario["prefix_caching"]:
+        assert cached == 0
+    assert_same_records(engines, run(scenario, partial(simulated_engine, shared_prefixes=scenario["shared"])))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -6,6 +6,7 @@ import torch
 from harness.real import attention
 from strategies import RequestStatus
 from tests.conftest import make_specs, run_engine
+from workloads import RequestSpec
 
 # Awkward on purpose: prompts of 1 token and longer than the token budget, outputs of 1 token, mixed lengths.
 LENGTHS = [(11, 6), (1, 5), (23, 3), (5, 1), (17, 9), (8, 4)]
@@ -66,6 +67,39 @@ def test_staggered_arrivals_match_generate(runner_model, reference_model):
                                                                                     max_num_seqs=3))):
         records, _, runner = run_engine(runner_model, specs, strategy, block_size=3, **options)
         assert_matches_generate(records, runner, reference_model, specs)
+
+
+def shared_prefix_specs() -> list[RequestSpec]:
+    """Prompts that share prefixes of several lengths (one whole prompt is another's prefix, two are the same),
+    arriving in waves so later ones find the earlier ones' blocks cached."""
+    gen = torch.Generator().manual_seed(1)
+    system, other = torch.randint(0, 8192, (14,), generator=gen).tolist(), torch.randint(0, 8192, (7,), generator=gen)
+    own = [torch.randint(0, 8192, (n,), generator=gen).tolist() for n in (5, 9, 1, 12, 3, 6)]
+    prompts = [system + own[0], system + own[1], system[:9], system + own[0], other.tolist() + own[3],
+               system + own[4] + own[5], system[:9] + own[2], other.tolist() + own[3][:4]]
+    outputs = [5, 3, 6, 4, 2, 7, 1, 5]
+    arrivals = [0.0, 0.0, 0.05, 0.1, 0.1, 0.3, 0.3, 0.6]
+    return [RequestSpec(i, t, tuple(p), m) for i, (p, m, t) in enumerate(zip(prompts, outputs, arrivals))]
+
+
+@pytest.mark.parametrize("strategy,options", [
+    ("static", dict(block_size=3, batch_size=2)),
+    ("dynamic", dict(block_size=3, batch_size=3)),
+    ("continuous", dict(block_size=3, max_batch_tokens=8, max_num_seqs=4)),
+    # 14 blocks of 3: requests evict each other's cached prefixes, and preempt.
+    ("continuous", dict(block_size=3, num_blocks=14, max_batch_tokens=32, max_num_seqs=4)),
+])
+def test_prefix_caching_matches_generate(strategy, options, runner_model, reference_model):
+    specs = shared_prefix_specs()
+    records, engine, runner = run_engine(runner_model, specs, strategy, keep_logits=True, prefix_caching=True,
+                                         **options)
+    assert_matches_generate(records, runner, reference_model, specs)
+    cached = {r.request_id: r.num_cached_tokens for r in records.requests}
+    assert cached[3] >= 12 and sum(cached.values()) >= 30  # the repeated prompt, and the shared system prompt
+    assert engine.allocator.num_used_blocks == 0
+    assert all(count == 0 for count in engine.allocator.prefix.ref_counts.values())
+    if options.get("num_blocks") == 14:
+        assert engine.allocator.num_evictions > 0 and sum(r.num_preemptions for r in records.requests) > 0
 
 
 def test_oracle_catches_attention_leaking_across_requests(runner_model, reference_model, monkeypatch):

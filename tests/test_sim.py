@@ -219,10 +219,10 @@ def test_profile_then_simulate(tmp_path):
                                               ("continuous", dict(max_batch_tokens=24, max_num_seqs=4)),
                                               ("continuous", dict(max_batch_tokens=20, max_num_seqs=6,
                                                                   max_prefill_chunk=7))])
-@pytest.mark.parametrize("replicas", [1, 3])
-@pytest.mark.parametrize("max_concurrency", [None, 5])
+@pytest.mark.parametrize("replicas,max_concurrency,prefix_caching", [(1, None, False), (3, 5, False), (1, None, True),
+                                                                     (1, 5, True), (3, None, True)])
 def test_simulated_engines_make_exactly_the_records_of_the_step_by_step_engine(strategy, options, replicas,
-                                                                                 max_concurrency):
+                                                                                 max_concurrency, prefix_caching):
     lengths = [(5 + 7 * (i % 4), 3 + 11 * (i % 5)) for i in range(60)]
     specs = make_specs(lengths, arrivals=[0.02 * i for i in range(60)])
     cost = StepCost(0.004, per_token_s=1e-4, per_pair_s=1e-6, step_overhead_s=0.001)  # shape-dependent
@@ -230,7 +230,8 @@ def test_simulated_engines_make_exactly_the_records_of_the_step_by_step_engine(s
     for engine_class in (Engine, simulated_engine):
         # 40 blocks: small enough for continuous to preempt
         engines = [build_replica(strategy, options, lambda a: SimRunner(cost), num_blocks=40, block_size=4,
-                                 max_model_len=2048, engine_class=engine_class) for _ in range(replicas)]
+                                 max_model_len=2048, engine_class=engine_class, prefix_caching=prefix_caching)
+                   for _ in range(replicas)]
         calls = Counter()
         for engine in engines:
             step = engine.step
@@ -244,13 +245,17 @@ def test_simulated_engines_make_exactly_the_records_of_the_step_by_step_engine(s
     if strategy == "continuous":
         if replicas == 1:  # spread over replicas, the cache holds out
             assert sum(r.num_preemptions for e in runs[1] for r in e.records.requests) > 0
+            if prefix_caching:  # a preempted request found its own prompt again, and the cache evicted
+                assert sum(e.records.steps.column("num_cached_tokens").sum() for e in runs[1]) > 0
+                assert runs[1][0].allocator.num_evictions > 0
     elif replicas == 1:  # decode-only stretches run as one call each
         assert calls["step"] < num_steps / 2
 
 
 @pytest.mark.parametrize("strategy,options", [("static", dict(batch_size=4)), ("dynamic", dict(batch_size=4)),
                                               ("continuous", dict(max_batch_tokens=32, max_num_seqs=4))])
-def test_long_decode_stretches_run_in_bulk_with_the_same_records(strategy, options):
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_long_decode_stretches_run_in_bulk_with_the_same_records(strategy, options, prefix_caching):
     # Low load, long outputs, a cache that runs out late: long decode-only stretches, a few cut by the cache.
     lengths = [(3 + 5 * (i % 3), 40 + 30 * (i % 4)) for i in range(30)]
     specs = make_specs(lengths, arrivals=[0.15 * i + 0.05 * (i % 3) for i in range(30)])
@@ -258,7 +263,7 @@ def test_long_decode_stretches_run_in_bulk_with_the_same_records(strategy, optio
     runs, calls = [], Counter()
     for engine_class in (Engine, simulated_engine):
         engine = build_replica(strategy, options, lambda a: SimRunner(cost), num_blocks=60, block_size=4,
-                               max_model_len=2048, engine_class=engine_class)
+                               max_model_len=2048, engine_class=engine_class, prefix_caching=prefix_caching)
         step = engine.step
         engine.step = lambda arrivals, step=step, name=engine_class.__name__: calls.update([name]) or step(arrivals)
         replay([engine], specs)

@@ -24,7 +24,7 @@ def test_dynamic_insertion_costs_the_blogs_693_pads():
     strategy = DynamicBatching(allocator, batch_size=8)
     running = [decoding_request(i, prompt_len=20, num_output=3) for i in range(7)]
     for r in running:
-        allocator.allocate(r.request_id, r.max_num_tokens)
+        allocator.allocate(r, r.max_num_tokens)
     newcomer = Request(request_id=99, arrival_s=0.0, token_ids=[1] * 100, num_prompt_tokens=100, max_new_tokens=10)
     plan = strategy.schedule(deque([newcomer]), running)
     assert (plan.num_rows, plan.row_width) == (8, 100)
@@ -48,7 +48,7 @@ def test_continuous_schedules_decodes_before_prefill():
     strategy = ContinuousBatching(allocator, max_batch_tokens=6, max_num_seqs=8)
     running = [decoding_request(i, prompt_len=5, num_output=2) for i in range(4)]
     for r in running:
-        allocator.allocate(r.request_id, r.num_computed_tokens)
+        allocator.allocate(r, r.num_computed_tokens)
     waiting = deque([Request(request_id=9, arrival_s=0.0, token_ids=[1] * 50, num_prompt_tokens=50,
                              max_new_tokens=3)])
     plan = strategy.schedule(waiting, running)

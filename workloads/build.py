@@ -9,12 +9,30 @@ from pathlib import Path
 import numpy as np
 
 from workloads.arrivals import arrival_times
-from workloads.config import RandomWorkload, ShareGPTWorkload, SyntheticWorkload, TraceWorkload, parse_workload
+from workloads.config import (
+    ConversationWorkload,
+    ParsedWorkload,
+    RandomWorkload,
+    ShareGPTWorkload,
+    SyntheticWorkload,
+    TraceWorkload,
+    parse_workload,
+)
+from workloads.conversation import build_conversations, system_prompt
 from workloads.lengths import sample_lengths
 from workloads.sharegpt import load_sharegpt_pairs
-from workloads.spec import MAX_SPAN_S, RequestSpec, Workload, WorkloadError, fits_context
+from workloads.spec import (
+    MAX_SPAN_S,
+    RANDOM_PREFIX,
+    TRACE_BLOCK,
+    RequestSpec,
+    Workload,
+    WorkloadError,
+    fits_context,
+    piece_key,
+)
 from workloads.tokenizer import text_encoder
-from workloads.traces import load_azure, load_burstgpt, load_mooncake, prefix_prompt_ids
+from workloads.traces import MOONCAKE_BLOCK_TOKENS, load_azure, load_burstgpt, load_mooncake, prefix_prompt_ids
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
@@ -38,8 +56,10 @@ def build_workload(cfg, vocab_size: int, hf_tokenizer=None, max_model_len: int |
     context keeps its lengths for the record but gets no prompt ids (the engine rejects it with the reason).
     `with_ids` False: lengths only, for a simulator (a million prompts' ids would fill the memory); the requests'
     lengths and arrivals are the same either way."""
-    if not isinstance(cfg, SyntheticWorkload | RandomWorkload | ShareGPTWorkload | TraceWorkload):
+    if not isinstance(cfg, ParsedWorkload):
         cfg = parse_workload(cfg)
+    if isinstance(cfg, ConversationWorkload):
+        return build_conversations(cfg, vocab_size, max_model_len, with_ids)
     n = cfg.num_requests
     rng = np.random.default_rng(cfg.seed)
     rows = _read_source(cfg, n, rng, vocab_size, hf_tokenizer)
@@ -54,21 +74,46 @@ def build_workload(cfg, vocab_size: int, hf_tokenizer=None, max_model_len: int |
         prompt_lens = np.minimum(prompt_lens, cfg.max_prompt_len)
     if cfg.max_output_len:
         output_lens = np.minimum(output_lens, cfg.max_output_len)
-    servable = fits_context(prompt_lens, output_lens, max_model_len or np.iinfo(np.int64).max)
+    system = system_prompt(cfg, vocab_size)
+    pieces = [system.pieces + _truncated(p, length) for p, length in zip(_pieces(cfg, rows, chosen), prompt_lens)]
+    servable = fits_context(prompt_lens + len(system), output_lens, max_model_len or np.iinfo(np.int64).max)
     if not servable.all():
         info["beyond_context"] = f"{int((~servable).sum())} requests longer than the model's context"
     arrivals = _arrivals(cfg, rows, chosen, rng)
     if with_ids:
         # Their own stream, so drawing them or not leaves the arrivals alone.
         ids_rng = np.random.default_rng([cfg.seed, 1])
-        prompts = _prompt_ids(cfg, rows, chosen, prompt_lens, servable, vocab_size, ids_rng)
+        prompts = [system.ids + ids if ids else ()
+                   for ids in _prompt_ids(cfg, rows, chosen, prompt_lens, servable, vocab_size, ids_rng)]
     else:
         prompts = [()] * len(chosen)
     requests = [
-        RequestSpec(request_id=k, arrival_s=t, prompt_ids=ids, max_new_tokens=m, prompt_len=p)
-        for k, (t, ids, m, p) in enumerate(zip(arrivals.tolist(), prompts, output_lens.tolist(), prompt_lens.tolist()))
+        RequestSpec(request_id=k, arrival_s=t, prompt_ids=ids, max_new_tokens=m, prompt_len=p + len(system),
+                    prefix_pieces=pp)
+        for k, (t, ids, m, p, pp) in enumerate(zip(arrivals.tolist(), prompts, output_lens.tolist(),
+                                                   prompt_lens.tolist(), pieces))
     ]
     return Workload(name=cfg.name, requests=requests, info=info)
+
+
+def _pieces(cfg, rows: SourceRows, chosen: np.ndarray) -> list[tuple[tuple[int, int], ...]]:
+    """The shared pieces each chosen request's source prompt starts with: a random prefix, a trace's blocks."""
+    if isinstance(cfg, RandomWorkload) and cfg.prefix_len:
+        return [((piece_key(RANDOM_PREFIX, cfg.seed), cfg.prefix_len),)] * len(chosen)
+    if rows.hash_ids is not None:
+        return [tuple((piece_key(TRACE_BLOCK, h), MOONCAKE_BLOCK_TOKENS) for h in rows.hash_ids[i]) for i in chosen]
+    return [()] * len(chosen)
+
+
+def _truncated(pieces: tuple[tuple[int, int], ...], length: int) -> tuple[tuple[int, int], ...]:
+    """`pieces` cut to a prompt of `length` tokens (a clamped prompt, a trace's last block partly used)."""
+    kept, start = [], 0
+    for key, size in pieces:
+        if start >= length:
+            break
+        kept.append((key, min(size, length - start)))
+        start += size
+    return tuple(kept)
 
 
 def _prompt_ids(cfg, rows: SourceRows, chosen: np.ndarray, prompt_lens: np.ndarray, servable: np.ndarray,

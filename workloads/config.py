@@ -132,6 +132,8 @@ class _Workload(Strict):
     max_output_len: Count | None = None
     # The client (as vllm bench --max-concurrency): at most this many of its requests outstanding; None: open loop.
     max_concurrency: Count | None = None
+    # Tokens of one system prompt every request starts with (shared: a prefix cache computes it once).
+    system_prompt_len: Annotated[int, Field(strict=True, ge=0)] = 0
 
     @model_validator(mode="after")
     def _arrival_needs(self):
@@ -219,13 +221,34 @@ class TraceWorkload(_Workload):
         return self
 
 
+class ConversationWorkload(_Workload):
+    """Multi-turn conversations, as vLLM's multi-turn benchmark replays them: a conversation starts at the arrival
+    process's times; each turn's prompt is the whole conversation so far (every earlier message and answer) and a
+    new user message; the next turn is sent `think_s` after the answer ends. `num_requests` counts turns (the last
+    conversation may be cut short). An agentic session is the same shape: long tool outputs as messages, short
+    answers, little thinking."""
+
+    source: Literal["conversation"]
+    turns: LengthSpec  # turns per conversation
+    message_len: LengthSpec  # tokens of each new user message (or tool output)
+    answer_len: LengthSpec  # tokens of each answer: the turn's max_new_tokens
+    think_s: NonNegative = 0.0  # between an answer and the next message
+
+    @model_validator(mode="after")
+    def _no_clamps(self):
+        if self.max_prompt_len is not None or self.max_output_len is not None:
+            raise ValueError("max_prompt_len and max_output_len would cut a conversation's history: limit "
+                             "message_len, answer_len or turns instead")
+        return self
+
+
 TRACE_SOURCES = ("azure", "burstgpt", "mooncake")
-WorkloadConfig = Annotated[SyntheticWorkload | RandomWorkload | ShareGPTWorkload | TraceWorkload,
-                           Field(discriminator="source")]
+ParsedWorkload = SyntheticWorkload | RandomWorkload | ShareGPTWorkload | TraceWorkload | ConversationWorkload
+WorkloadConfig = Annotated[ParsedWorkload, Field(discriminator="source")]
 _ADAPTER = TypeAdapter(WorkloadConfig)
 
 
-def parse_workload(data) -> SyntheticWorkload | RandomWorkload | ShareGPTWorkload | TraceWorkload:
+def parse_workload(data) -> ParsedWorkload:
     """A workload config (a mapping, or an OmegaConf node) as its typed model; one `WorkloadError` if it is bad."""
     data = plain_config(data)
     try:

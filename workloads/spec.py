@@ -20,6 +20,16 @@ def existing_file(path: str, what: str) -> Path:
     return file
 
 
+# Kinds of prompt pieces (`RequestSpec.prefix_pieces`): a piece's key is `piece_key(kind, ...)`, so pieces of
+# different kinds never share a key.
+SYSTEM_PROMPT, RANDOM_PREFIX, TRACE_BLOCK, CONVERSATION = 1, 2, 3, 4
+
+
+def piece_key(kind: int, *parts: int) -> int:
+    """The key of a piece of prompt: the same integers, the same key, in every process (ints hash alike)."""
+    return hash((kind, *parts))
+
+
 def fits_context(prompt_len, max_new_tokens, max_model_len: int):
     """Whether a request fits a model's context: prompt and every new token (also elementwise on arrays)."""
     return prompt_len + max_new_tokens <= max_model_len
@@ -35,6 +45,13 @@ class RequestSpec:
     prompt_ids: tuple[int, ...]
     max_new_tokens: int
     prompt_len: int = -1  # -1: len(prompt_ids)
+    # (key, tokens) pieces the prompt starts with: the same key is the same tokens in every request that names it
+    # (a shared system prompt, a trace's prefix blocks, the conversation so far). The rest is the request's own.
+    prefix_pieces: tuple[tuple[int, int], ...] = ()
+    # A conversation's later turn: sent `think_s` after the turn `follows` (a request id) ends; until then
+    # `arrival_s` is its conversation's first arrival.
+    follows: int | None = None
+    think_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.prompt_len == -1:

@@ -35,6 +35,9 @@ def requests_table(records: RunRecords) -> pd.DataFrame:
         "max_new_tokens": np.array([r.max_new_tokens for r in requests], dtype=np.int64),
         "num_output_tokens": outputs,
         "num_preemptions": np.array([r.num_preemptions for r in requests], dtype=np.int64),
+        # Prompt tokens found in the prefix cache at its first admission (a server's count where it reports one);
+        # empty where unknown: never admitted, or a peer that does not say.
+        "num_cached_tokens": column(lambda r: r.num_cached_tokens),
         "first_scheduled_s": scheduled,
         "first_token_s": first,
         "finish_s": finish,
@@ -115,10 +118,33 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame | None, itl: tuple[np.
     distributions, goodput, padding, KV use, step shape and where the time went. `steps` None: a peer that
     reports no steps (another engine, a server), whose step, padding, KV and busy figures are None, not zero.
     `steps` of `num_replicas` replicas: where the time went is in replica-seconds (see `_engine_side`)."""
-    summary = _client_side(requests, itl, labels, slo_ttft_s, slo_tpot_s)
+    summary = _client_side(requests, itl, labels, slo_ttft_s, slo_tpot_s) | prefix_hits(requests)
     if steps is None:
         return summary | dict.fromkeys(ENGINE_SIDE)
     return summary | _engine_side(steps, int(requests.num_preemptions.sum()), summary["makespan_s"], num_replicas)
+
+
+def prefix_hits(requests: pd.DataFrame) -> dict:
+    """How much of the prompts the prefix cache held, over the requests whose cached tokens are known: as a share
+    of prompt tokens and of requests (any hit), and TTFT split by hit and miss (finished requests)."""
+    known = requests[requests.num_cached_tokens.notna()]
+    prompt_tokens = int(known.prompt_len.sum())
+    hit = known.num_cached_tokens > 0
+    finished = known[known.status == RequestStatus.FINISHED.label]
+    finished_hit = finished.num_cached_tokens > 0
+    return {
+        "prefix_hit_rate_tokens": float(known.num_cached_tokens.sum() / prompt_tokens) if prompt_tokens else math.nan,
+        "prefix_hit_rate_requests": float(hit.mean()) if len(known) else math.nan,
+        **_mean_and_p50("ttft_s_hit", finished.ttft_s[finished_hit]),
+        **_mean_and_p50("ttft_s_miss", finished.ttft_s[~finished_hit]),
+    }
+
+
+def _mean_and_p50(name: str, values: pd.Series) -> dict:
+    values = values.dropna()
+    if values.empty:
+        return {f"{name}_mean": math.nan, f"{name}_p50": math.nan}
+    return {f"{name}_mean": float(values.mean()), f"{name}_p50": float(values.median())}
 
 
 def _client_side(requests: pd.DataFrame, itl: tuple[np.ndarray, np.ndarray], labels: dict, slo_ttft_s: float | None,
@@ -181,6 +207,10 @@ def _engine_side(steps: pd.DataFrame, num_preemptions: int, makespan: float, num
         "padding_waste": padding / computed if computed else 0.0,
         "kv_peak_utilization": float(steps.kv_utilization.max()) if len(steps) else 0.0,
         "kv_mean_utilization": kv_mean,
+        # vLLM's prefix-cache counters: tokens looked up at every admission (re-admissions too), and found cached.
+        "prefix_cache_queried_tokens": int(steps.num_lookup_tokens.sum()) if len(steps) else 0,
+        "prefix_cache_hit_tokens": int(steps.num_cached_tokens.sum()) if len(steps) else 0,
+        "kv_cached_blocks_max": int(steps.kv_cached_blocks.max()) if len(steps) else 0,
         "busy_s": busy,
         # The clock only moves by steps and by jumps over idle gaps: what is neither is the harness's own time.
         "overhead_s": stepped - busy,

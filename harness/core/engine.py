@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 def request_for(spec: RequestSpec, sent_s: float | None = None) -> Request:
     """The engine-side request for `spec`, sent by the client at `sent_s` (default: when the workload wanted it)."""
     return Request(request_id=spec.request_id, arrival_s=spec.arrival_s, token_ids=list(spec.prompt_ids),
-                   num_prompt_tokens=spec.prompt_len, max_new_tokens=spec.max_new_tokens, sent_s=sent_s)
+                   num_prompt_tokens=spec.prompt_len, max_new_tokens=spec.max_new_tokens, sent_s=sent_s,
+                   prefix_pieces=spec.prefix_pieces)
 
 
 def context_overflow(spec: RequestSpec, max_model_len: int) -> str | None:
@@ -53,7 +54,9 @@ class Engine:
         self.num_output_tokens = 0
         self.num_done = 0  # requests finished or rejected
         self.caps_source = ""  # where `auto` engine caps came from, for the report
-        self.on_done = None  # called with the time a request finishes or is rejected (the client frees a slot)
+        # Called with a request's id and the time it finishes or is rejected (the client frees a slot, or sends the
+        # conversation's next turn).
+        self.on_done = None
 
     @property
     def has_work(self) -> bool:
@@ -74,7 +77,7 @@ class Engine:
                                      f"({self.allocator.num_blocks})")
         if request.reject_reason:
             request.status = RequestStatus.REJECTED
-            self._done(request.sent_s)
+            self._done(request, request.sent_s)
         else:
             self.waiting.append(request)
         self.records.requests.append(request)
@@ -92,6 +95,8 @@ class Engine:
                                f"{len(self.running)} running requests: a scheduler bug, not a workload problem")
         self._apply_queue_changes(plan)
         num_prefill = sum(c.num_tokens for c in plan.chunks if not c.is_decode)  # before tokens are added
+        entering = [c for c in plan.chunks if c.request in plan.admitted]
+        num_lookup = sum(c.request.num_tokens for c in entering)
         result = self.runner.execute(plan)
         kv_used = self.allocator.num_used_blocks  # before finished requests give their blocks back
         sampled = self._apply_result(plan, result)
@@ -104,7 +109,9 @@ class Engine:
             num_prefill_tokens=num_prefill, num_decode_tokens=plan.num_scheduled_tokens - num_prefill,
             num_padding_tokens=plan.num_padding_tokens, num_rows=plan.num_rows,
             row_width=plan.row_width if plan.padded else 0, num_preempted=len(plan.preempted),
-            num_waiting=len(self.waiting), num_seqs=len(plan.chunks), kv_used_blocks=kv_used)
+            num_waiting=len(self.waiting), num_seqs=len(plan.chunks), kv_used_blocks=kv_used,
+            num_lookup_tokens=num_lookup, num_cached_tokens=sum(c.start for c in entering),
+            kv_cached_blocks=self.allocator.num_cached_blocks)
         for chunk in plan.chunks:
             if chunk.request.first_scheduled_s is None:
                 chunk.request.first_scheduled_s = self.clock
@@ -116,14 +123,14 @@ class Engine:
             request.token_times_s.append(self.clock)
             if request.status == RequestStatus.FINISHED:
                 request.finish_s = self.clock
-                self._done(self.clock)
+                self._done(request, self.clock)
         self.num_output_tokens += len(sampled)
         return plan
 
-    def _done(self, time_s: float) -> None:
+    def _done(self, request: Request, time_s: float) -> None:
         self.num_done += 1
         if self.on_done is not None:
-            self.on_done(time_s)
+            self.on_done(request.request_id, time_s)
 
     def _apply_queue_changes(self, plan: BatchPlan) -> None:
         for request in plan.admitted:
@@ -143,8 +150,11 @@ class Engine:
         sampled = []
         for chunk in plan.chunks:
             request = chunk.request
-            request.num_computed_tokens += chunk.num_tokens
+            if request.num_cached_tokens is None:  # its first admission: it starts after its cached prefix
+                request.num_cached_tokens = chunk.start
+            request.num_computed_tokens = chunk.start + chunk.num_tokens
             request.status = RequestStatus.RUNNING
+            self.allocator.cache_computed(request)
             if not chunk.samples:
                 continue
             token = result.sampled[request.request_id]

@@ -24,6 +24,9 @@ STEP_COLUMNS = {
     "num_waiting": "q",
     "num_seqs": "q",  # requests with tokens in this step
     "kv_used_blocks": "q",
+    "num_lookup_tokens": "q",  # tokens of the requests admitted this step (each looks its prompt up in the cache)
+    "num_cached_tokens": "q",  # of those, found in the prefix cache
+    "kv_cached_blocks": "q",  # named blocks the prefix cache keeps at the step's end, held by requests or not
 }
 _DTYPES = {"q": np.int64, "d": np.float64}
 

@@ -1,8 +1,8 @@
 """The replay loop: a benchmark client, one arrival stream, one or several replicas, advanced in time order."""
 
+import dataclasses
 import heapq
 import math
-from collections import deque
 
 from tqdm import tqdm
 
@@ -16,11 +16,17 @@ class Client:
     combines them. A request stops being outstanding when it finishes or is rejected (`complete`). A sent request
     reaches the engine `latency_s` later (the server's front end: HTTP, tokenization), and no sooner than
     `service_s` after the request before it: the front end handles requests one at a time. That spacing is why
-    requests sent together do not stay in lockstep on a real server: the first one starts a step alone."""
+    requests sent together do not stay in lockstep on a real server: the first one starts a step alone.
+
+    A conversation's later turn (`RequestSpec.follows`) is held until the turn before it ends (finished, or
+    rejected: it is still sent, as the user would type it), and arrives `think_s` after that."""
 
     def __init__(self, specs: list[RequestSpec], max_concurrency: int | None = None, latency_s: float = 0.0,
                  service_s: float = 0.0):
-        self._pending = deque(sorted(specs, key=lambda s: s.arrival_s))
+        # Requests free to go, by arrival (then id): a min-heap, since a released turn may arrive before others.
+        self._pending = [(s.arrival_s, s.request_id, s) for s in specs if s.follows is None]
+        heapq.heapify(self._pending)
+        self._next_turn = {s.follows: s for s in specs if s.follows is not None}  # previous turn's id → turn
         self.latency_s, self.service_s = latency_s, service_s
         self._last_delivery_s = -math.inf
         # Times at which the free slots became free (a min-heap); None: open loop, no slots. More slots than requests
@@ -29,16 +35,16 @@ class Client:
 
     @property
     def has_pending(self) -> bool:
-        return bool(self._pending)
+        return bool(self._pending or self._next_turn)
 
     @property
     def next_send_s(self) -> float:
-        """When the next request goes out; infinite while none can (no request left, or every slot taken)."""
+        """When the next request goes out; infinite while none can (no request free to go, or every slot taken)."""
         if not self._pending:
             return math.inf
         if self._free is None:
-            return self._pending[0].arrival_s
-        return max(self._pending[0].arrival_s, self._free[0]) if self._free else math.inf
+            return self._pending[0][0]
+        return max(self._pending[0][0], self._free[0]) if self._free else math.inf
 
     @property
     def next_delivery_s(self) -> float:
@@ -51,11 +57,16 @@ class Client:
         self._last_delivery_s = self.next_delivery_s
         if self._free is not None:
             heapq.heappop(self._free)
-        return self._pending.popleft(), sent_s
+        return heapq.heappop(self._pending)[2], sent_s
 
-    def complete(self, time_s: float) -> None:
+    def complete(self, request_id: int, time_s: float) -> None:
+        """Request `request_id` ended at `time_s`: its slot is free, and its conversation's next turn is due."""
         if self._free is not None:
             heapq.heappush(self._free, time_s)
+        turn = self._next_turn.pop(request_id, None)
+        if turn is not None:
+            arrival_s = time_s + turn.think_s
+            heapq.heappush(self._pending, (arrival_s, turn.request_id, dataclasses.replace(turn, arrival_s=arrival_s)))
 
 
 class Arrivals:

@@ -10,8 +10,9 @@ from strategies import STRATEGIES
 
 def build_replica(strategy: str, options: dict, make_runner: Callable[[BlockAllocator], Runner], *,
                   num_blocks: int, block_size: int, max_model_len: int, eos_token_ids: Iterable[int] = (),
-                  engine_class: Callable[..., Engine] = Engine) -> Engine:
-    """A replica running `strategy` with `options` over a fresh cache of `num_blocks` blocks.
+                  engine_class: Callable[..., Engine] = Engine, prefix_caching: bool = False) -> Engine:
+    """A replica running `strategy` with `options` over a fresh cache of `num_blocks` blocks (reusing cached prompt
+    prefixes if `prefix_caching`).
 
     `engine_class` makes the engine from (strategy, runner, allocator, max_model_len, eos_token_ids): `Engine`,
     or a simulator's choice (`harness.sim.replica.simulated_engine`). `make_runner` gets the allocator (a real
@@ -21,7 +22,7 @@ def build_replica(strategy: str, options: dict, make_runner: Callable[[BlockAllo
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    allocator = BlockAllocator(num_blocks, block_size)
+    allocator = BlockAllocator(num_blocks, block_size, prefix_caching)
     try:
         policy = STRATEGIES[strategy](allocator, **options)
     except TypeError as e:  # an option the strategy does not take, or one it needs

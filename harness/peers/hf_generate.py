@@ -68,7 +68,7 @@ class GenerateBatches:
             self.waiting.append(request)
         else:
             request.status = RequestStatus.REJECTED
-            self._done(request.sent_s)
+            self._done(request, request.sent_s)
         return request
 
     def step(self, arrivals=None) -> None:
@@ -97,7 +97,7 @@ class GenerateBatches:
             self.num_output_tokens += request.max_new_tokens
         self.clock += duration
         for request in batch:
-            self._done(request.finish_s)
+            self._done(request, request.finish_s)
 
     def _left_padded(self, batch: list[Request]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(r.num_prompt_tokens for r in batch)
@@ -106,7 +106,7 @@ class GenerateBatches:
         device = self.model.device
         return torch.tensor(ids, device=device), torch.tensor(mask, device=device)  # [B, L] each
 
-    def _done(self, time_s: float) -> None:
+    def _done(self, request: Request, time_s: float) -> None:
         self.num_done += 1
         if self.on_done is not None:
-            self.on_done(time_s)
+            self.on_done(request.request_id, time_s)

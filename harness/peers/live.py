@@ -40,7 +40,7 @@ async def live_replay(specs: list[RequestSpec], submit: Submit, records: RunReco
             await submit(request, clock)
         except Exception as e:  # noqa: BLE001 - any error of one request is that request's failure
             fail(request, f"{type(e).__name__}: {e}", clock())
-        client.complete(clock())
+        client.complete(request.request_id, clock())
         bar.update()
 
     while client.has_pending or in_flight:

@@ -38,10 +38,10 @@ class RealRunner:
         """One ragged and one padded step on a throwaway request, so one-time set-up costs stay out of timings."""
         request = Request(request_id=-1, arrival_s=0.0, token_ids=list(range(8)), num_prompt_tokens=8,
                           max_new_tokens=1)
-        self.allocator.allocate(request.request_id, request.num_tokens)
+        self.allocator.allocate(request, request.num_tokens)
         for padded in (False, True):
             self.execute(BatchPlan(chunks=[ScheduledChunk(request, 0, request.num_tokens)], padded=padded))
-        self.allocator.free(request.request_id)
+        self.allocator.free(request)
 
     def execute(self, plan: BatchPlan) -> StepResult:
         """One forward pass. `duration_s` (the step's busy time) is the model's alone: the clock starts once the

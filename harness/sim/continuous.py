@@ -60,7 +60,7 @@ class SimContinuous(SimEngine):
             if request.request_id not in self.running:
                 continue
             start = request.num_computed_tokens
-            num_new = self.strategy.num_new_tokens(request, budget)
+            num_new = self.strategy.num_new_tokens(request, start, budget)
             needed = self.allocator.num_blocks_for(start + num_new) - self.held.get(request.request_id, 0)
             while needed > self.allocator.num_free_blocks:
                 victim, was_decoding = self._preempt_newest(step)
@@ -73,18 +73,25 @@ class SimContinuous(SimEngine):
                 chunks.append((request, start, num_new))
                 budget -= num_new
 
+        num_lookup = num_cached = 0  # the admitted requests' tokens, and those found in the prefix cache
         if not preempted:  # preempting means the cache is full: admitting now would only preempt again
             while self.waiting and budget and len(self.running) < self.strategy.max_num_seqs:
                 request = self.waiting[0]
-                num_new = self.strategy.num_new_tokens(request, budget)
-                needed = self.allocator.num_blocks_for(num_new)
+                cached = self._cached_prefix(request)
+                num_new = self.strategy.num_new_tokens(request, cached, budget)
+                needed = self.allocator.num_blocks_for(cached + num_new)  # its cached blocks were free ones
                 if needed > self.allocator.num_free_blocks:
                     break
                 self._admit(request)
                 self.prefilling[request.request_id] = request
-                self._hold(request, needed)
-                chunks.append((request, 0, num_new))
+                self._take_cached(request)
+                self._hold(request, needed - self.held.get(request.request_id, 0))
+                chunks.append((request, cached, num_new))
                 budget -= num_new
+                num_lookup += request.num_tokens
+                num_cached += cached
+                if request.num_cached_tokens is None:
+                    request.num_cached_tokens = cached
         for victim in preempted:
             self.waiting.appendleft(victim)
 
@@ -92,6 +99,7 @@ class SimContinuous(SimEngine):
         keys = self.decoders.keys_read(step)
         pairs, num_prefill, num_sampled = keys, 0, num_decode
         for request, start, num_new in chunks:
+            self._name(request, start + num_new)
             if request.first_scheduled_s is None:
                 request.first_scheduled_s = self.clock
             keys += start + num_new
@@ -101,7 +109,7 @@ class SimContinuous(SimEngine):
         rows = num_decode + len(chunks)
         shape = StepShape(False, num_decode + num_prefill, rows, pairs, keys, num_sampled)
         end_s = self._record(step, shape, num_prefill=num_prefill, num_decode=num_decode, row_width=0,
-                             num_preempted=len(preempted), num_seqs=rows)
+                             num_preempted=len(preempted), num_seqs=rows, num_lookup=num_lookup, num_cached=num_cached)
 
         self._decoded(end_s)
         for request in self.decoders.finishing(step):
@@ -138,8 +146,10 @@ class SimContinuous(SimEngine):
         decoders = self.decoders
         n = len(decoders)
         keys = decoders.sum_base + n * (step + 1 + np.arange(num_steps))  # [N] one more key a decoder a step
+        evicted = np.maximum(0, taken - (self.allocator.num_free_blocks - self.allocator.num_evictable_blocks))  # [N]
         ran = self._run_steps(step, arrivals, StepShape(False, n, n, keys, keys, n), num_decode=n, num_padding=0,
-                              row_width=0, kv_used_blocks=self.allocator.num_used_blocks + taken[:num_steps])
+                              row_width=0, kv_used_blocks=self.allocator.num_used_blocks + taken[:num_steps],
+                              kv_cached_blocks=self.num_cached_blocks - evicted[:num_steps])
         self.allocator.take(int(taken[ran - 1]))
         for rid, base in decoders.base.items():  # each holds the blocks of its cached tokens
             self.held[rid] = self.allocator.num_blocks_for(base + step + ran)
@@ -152,8 +162,10 @@ class SimContinuous(SimEngine):
         if not self.waiting or len(self.running) >= self.strategy.max_num_seqs:
             return False
         budget = self.strategy.max_batch_tokens - len(self.decoders)
+        request = self.waiting[0]
+        cached = self._cached_prefix(request)
         return budget > 0 and self.allocator.num_blocks_for(
-            self.strategy.num_new_tokens(self.waiting[0], budget)) <= self.allocator.num_free_blocks
+            cached + self.strategy.num_new_tokens(request, cached, budget)) <= self.allocator.num_free_blocks
 
     def _preempt_newest(self, step: int) -> tuple[Request, bool]:
         """Evict the newest running request: its cache goes, and it will recompute its tokens from the queue.

@@ -30,15 +30,25 @@ class SimEngine(Engine):
                  eos_token_ids=()):
         if eos_token_ids:
             raise ValueError("a simulated run generates no token ids, so it cannot stop at EOS")
-        super().__init__(strategy, runner, BlockCount(allocator.num_blocks, allocator.block_size), max_model_len)
+        prefix_caching = allocator.prefix is not None
+        super().__init__(strategy, runner, BlockCount(allocator.num_blocks, allocator.block_size, prefix_caching),
+                         max_model_len)
         self.running: dict[int, Request] = {}  # request_id → request, in admission order
         self.decoders = DecodeSet(allocator.block_size)
         self.held: dict[int, int] = {}  # request_id → cache blocks it holds
+        self.named: dict[int, int] = {}  # request_id → of those, its prompt blocks computed (named, with caching)
+        self.num_named_held = 0
         self._admissions = 0
         self._admitted_as: dict[int, int] = {}  # request_id → admission number (running order)
         self._last_token_s: dict[int, float] = {}  # requests that left the decoders with tokens: their last one
         self._late_first_decode: dict[int, float] = {}  # new decoders whose previous token is not one step back
         self._last_step_s = 0.0  # the last step's duration
+
+    def add_request(self, spec, sent_s: float | None = None) -> Request:
+        if spec.prefix_pieces and self.allocator.prefix_caching:
+            raise ValueError("a simulated engine models no prefix shared between requests: run this workload on "
+                             "the step-by-step engine (harness.sim.replica.simulated_engine chooses it)")
+        return super().add_request(spec, sent_s)
 
     # What every strategy's step does with the requests it touches.
 
@@ -55,7 +65,33 @@ class SimEngine(Engine):
         self.allocator.take(num_blocks)
 
     def _release(self, request: Request) -> None:
-        self.allocator.give(self.held.pop(request.request_id))
+        """Its blocks go back; its named prompt blocks stay cached."""
+        named = self.named.pop(request.request_id, 0)
+        self.num_named_held -= named
+        self.allocator.give(self.held.pop(request.request_id), request.request_id, named)
+
+    def _name(self, request: Request, num_computed: int) -> None:
+        """`request` will have `num_computed` tokens computed once this step runs: its full prompt blocks among them
+        are named (with prefix caching), as the step-by-step engine names them after the step."""
+        if self.allocator.prefix_caching:
+            named = min(num_computed, request.num_prompt_tokens) // self.allocator.block_size
+            self.num_named_held += named - self.named.get(request.request_id, 0)
+            self.named[request.request_id] = named
+
+    def _cached_prefix(self, request: Request) -> int:
+        """Tokens of `request`, about to enter, the prefix cache holds: its own prompt blocks, if it was preempted and
+        they were not evicted since (never its last token)."""
+        cached = min(self.allocator.num_cached_blocks_of(request.request_id),
+                     (request.num_tokens - 1) // self.allocator.block_size)
+        return cached * self.allocator.block_size
+
+    def _take_cached(self, request: Request) -> None:
+        """`request` enters holding its cached prompt blocks again."""
+        count = self.allocator.reclaim(request.request_id)
+        if count:
+            self.held[request.request_id] = self.held.get(request.request_id, 0) + count
+            self.named[request.request_id] = count
+            self.num_named_held += count
 
     def _join_decoders(self, request: Request, step: int) -> None:
         """`request` (all its tokens but the last cached) decodes from `step` on."""
@@ -98,10 +134,10 @@ class SimEngine(Engine):
         del self.running[request.request_id]
         del self._admitted_as[request.request_id]
         self._last_token_s.pop(request.request_id, None)
-        self._done(end_s)
+        self._done(request, end_s)
 
     def _record(self, step: int, shape: StepShape, *, num_prefill: int, num_decode: int, row_width: int,
-                num_preempted: int = 0, num_seqs: int) -> float:
+                num_preempted: int = 0, num_seqs: int, num_lookup: int = 0, num_cached: int = 0) -> float:
         """Time the step from its shape, record it, and move the clock; returns the step's end."""
         busy = self.runner.cost_model.predict(shape)
         duration = busy + self.runner.cost_model.overhead(shape)
@@ -109,10 +145,16 @@ class SimEngine(Engine):
             step=step, start_s=self.clock, duration_s=duration, busy_s=busy, num_prefill_tokens=num_prefill,
             num_decode_tokens=num_decode, num_padding_tokens=shape.num_tokens - num_prefill - num_decode,
             num_rows=shape.num_rows, row_width=row_width, num_preempted=num_preempted,
-            num_waiting=len(self.waiting), num_seqs=num_seqs, kv_used_blocks=self.allocator.num_used_blocks)
+            num_waiting=len(self.waiting), num_seqs=num_seqs, kv_used_blocks=self.allocator.num_used_blocks,
+            num_lookup_tokens=num_lookup, num_cached_tokens=num_cached, kv_cached_blocks=self.num_cached_blocks)
         self.clock += duration
         self._last_step_s = duration
         return self.clock
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Named blocks in the cache, held or not."""
+        return self.num_named_held + self.allocator.num_evictable_blocks
 
     # Decode-only stretches, timed and recorded as arrays.
 
@@ -129,9 +171,10 @@ class SimEngine(Engine):
         return min(arrivals.next_s, arrivals.horizon_s) - self.clock > MIN_RUN_STEPS * self._last_step_s
 
     def _run_steps(self, step: int, arrivals: Arrivals, shape: StepShape, *, num_decode: int, num_padding: int,
-                   row_width: int, kv_used_blocks) -> int:
+                   row_width: int, kv_used_blocks, kv_cached_blocks) -> int:
         """Decode-only steps from `step`, one per entry of `shape`'s arrays, in which only the clock, the keys read
-        and (`kv_used_blocks`, scalar or per step) the blocks held change; returns how many ran. Stops before
+        and (`kv_used_blocks`, `kv_cached_blocks`: scalars or per step) the blocks held and cached change; returns
+        how many ran. Stops before
         another replica's clock, or an arrival another replica may get (the replay loop routes it first) or this
         one would admit (`_may_admit`); arrivals before that are queued (a lone replica takes them itself)."""
         busy = self.runner.cost_model.predict_many(shape)  # [N]
@@ -155,7 +198,8 @@ class SimEngine(Engine):
             step=np.arange(step, step + n), start_s=starts[:n], duration_s=duration[:n], busy_s=busy[:n],
             num_prefill_tokens=0, num_decode_tokens=num_decode, num_padding_tokens=num_padding,
             num_rows=num_decode + num_padding, row_width=row_width, num_preempted=0, num_waiting=waiting[:n],
-            num_seqs=num_decode, kv_used_blocks=np.broadcast_to(kv_used_blocks, len(busy))[:n])
+            num_seqs=num_decode, kv_used_blocks=np.broadcast_to(kv_used_blocks, len(busy))[:n], num_lookup_tokens=0,
+            num_cached_tokens=0, kv_cached_blocks=np.broadcast_to(kv_cached_blocks, len(busy))[:n])
         self.records.gaps_per_step.extend([num_decode] * n)
         self.num_output_tokens += num_decode * n
         self.clock = float(ends[n - 1])

@@ -24,9 +24,11 @@ class SimPadded(SimEngine):
         rows = num_decode + len(admitted) + num_idle_rows
         for request in admitted:
             request.first_scheduled_s = self.clock
+            request.num_cached_tokens = 0  # nothing shared, nothing preempted: no prefix to find
+            self._name(request, request.num_prompt_tokens)
         shape = StepShape(True, rows * width, rows, rows * width * longest, rows * longest, rows)
         end_s = self._record(step, shape, num_prefill=num_prefill, num_decode=num_decode, row_width=width,
-                             num_seqs=num_decode + len(admitted))
+                             num_seqs=num_decode + len(admitted), num_lookup=sum(r.num_tokens for r in admitted))
         self._decoded(end_s)
         self._finished(self.decoders.finishing(step), end_s)
         done = []
@@ -49,7 +51,8 @@ class SimPadded(SimEngine):
         num_steps = self.decoders.next_finish() - step + 1
         keys = rows * (self.decoders.longest_row(step) + np.arange(num_steps))  # [N] the longest row grows
         ran = self._run_steps(step, arrivals, StepShape(True, rows, rows, keys, keys, rows), num_decode=num_live,
-                              num_padding=rows - num_live, row_width=1, kv_used_blocks=self.allocator.num_used_blocks)
+                              num_padding=rows - num_live, row_width=1, kv_used_blocks=self.allocator.num_used_blocks,
+                              kv_cached_blocks=self.num_cached_blocks)
         self._finished(self.decoders.finishing(step + ran - 1), self.clock)
         return True
 

@@ -1,6 +1,8 @@
 """Simulated replicas: which engine a simulated replica runs (the strategy's simulated engine, or the step-by-step
 one where the simulated engine does not cover the strategy's options), and the replicas a `runner=sim` run gets."""
 
+from functools import partial
+
 from harness.config import CPU_ENGINE_CAPS, ConfigError, RunConfig
 from harness.core.engine import Engine
 from harness.core.kv_cache import BlockAllocator
@@ -18,9 +20,13 @@ SIMULATED_ENGINES = {"static": SimStatic, "dynamic": SimDynamic, "continuous": S
 
 
 def simulated_engine(strategy: Strategy, runner: SimRunner, allocator: BlockAllocator, max_model_len: int,
-                     eos_token_ids=()) -> Engine:
+                     eos_token_ids=(), shared_prefixes: bool = False) -> Engine:
+    """The strategy's simulated engine, or the step-by-step one where that does not cover the strategy's options
+    or the workload shares prompt prefixes through a prefix cache (`shared_prefixes`: some request has pieces)."""
     engine_class = SIMULATED_ENGINES[strategy.name]
     if isinstance(strategy, ContinuousBatching) and not SimContinuous.covers(strategy):
+        engine_class = Engine
+    if shared_prefixes and allocator.prefix is not None:
         engine_class = Engine
     return engine_class(strategy, runner, allocator, max_model_len, eos_token_ids)
 
@@ -47,8 +53,9 @@ def simulated_replicas(cfg: RunConfig):
         caps = hardware.serving_defaults, f"vLLM's on {hardware.name}"
     else:
         caps = CPU_ENGINE_CAPS, "the CPU defaults"
+    engine_class = partial(simulated_engine, shared_prefixes=any(s.prefix_pieces for s in workload.requests))
     replicas = [configured_replica(cfg, lambda allocator: SimRunner(costs), blocks, config["max_position_embeddings"],
-                                   (), simulated_engine, caps) for _ in range(cfg.runner.replicas)]
+                                   (), engine_class, caps) for _ in range(cfg.runner.replicas)]
     route = ROUTERS[cfg.runner.router]() if len(replicas) > 1 else None
     return replicas, route, workload, "cpu", dtype
 

@@ -54,7 +54,7 @@ def grid_plan(num_tokens: int, context: int, padded: bool) -> BatchPlan | None:
 
 def measure(runner: RealRunner, allocator: BlockAllocator, plan: BatchPlan, repeats: int) -> float:
     for chunk in plan.chunks:
-        if not allocator.allocate(chunk.request.request_id, chunk.request.num_tokens):
+        if not allocator.allocate(chunk.request, chunk.request.num_tokens):
             raise RuntimeError("the profile's cache is too small for its own grid")
     try:
         # A new shape runs slower for its first few calls (the CPU kernels pick and cache their plans), while a
@@ -64,7 +64,7 @@ def measure(runner: RealRunner, allocator: BlockAllocator, plan: BatchPlan, repe
         return statistics.median(runner.execute(plan).duration_s for _ in range(repeats))
     finally:
         for chunk in plan.chunks:
-            allocator.free(chunk.request.request_id)
+            allocator.free(chunk.request)
 
 
 def step_overhead(model, kernel_backend: str, block_size: int) -> float:
