@@ -22,7 +22,7 @@ from workloads.config import Count, Number, Positive, Seed, Strict, WorkloadConf
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 KERNEL_BACKENDS = ("auto", "triton", "torch")  # kernels.BACKENDS; a test holds the two equal
-ROUTER_NAMES = ("round_robin", "least_outstanding")  # harness.sim.router.ROUTERS; likewise
+ROUTER_NAMES = ("round_robin", "least_outstanding", "prefix_aware")  # harness.sim.router.ROUTERS; likewise
 Fraction = Annotated[Number, Field(gt=0, le=1)]
 # The engine's caps (max_num_seqs, max_batch_tokens) for `auto` on a CPU: they suit the tiny model; a GPU gets vLLM's.
 CPU_ENGINE_CAPS = (16, 512)
@@ -89,6 +89,7 @@ class SimRunnerConfig(Strict):
     calibration: str | None = None  # a YAML from `python -m harness.sim.calibrate`: its figures replace these
     replicas: Count = 1
     router: Literal[ROUTER_NAMES] = "round_robin"
+    router_load_weight: Annotated[Number, Field(ge=0)] = 0.5  # prefix_aware: load against cached prefix
 
     @model_validator(mode="after")
     def _one_cost_model(self):

@@ -1,6 +1,7 @@
 """The benchmark client (open and closed loop, as vllm bench), vLLM's random dataset, and engine caps that fit the
 hardware."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -196,3 +197,16 @@ def test_ttft_counts_from_the_send_so_a_closed_loop_run_shows_no_queueing_second
     # H100's batched-token default) prefill together, in one step of about 0.2 s, as they would on vLLM.
     waves = vllm_bench_random(tmp_path / "waves", 0.0)
     assert 0.15 < waves["ttft_s_p50"] < 0.4
+
+
+def test_a_conversations_next_turn_is_sent_its_think_time_after_the_last_answer():
+    base = make_specs([(6, 3), (10, 2), (3000, 2), (14, 2), (6, 4)])  # turn 2 is longer than the context
+    follows = [None, 0, 1, 2, None]
+    specs = [dataclasses.replace(s, follows=f, think_s=0.25 if f is not None else 0.0) for s, f in zip(base, follows)]
+    requests = run_client(specs, max_concurrency=None)
+    assert requests[2].status == RequestStatus.REJECTED  # still sent, and the conversation goes on
+    for turn, before in ((1, 0), (2, 1), (3, 2)):
+        ended = requests[before].finish_s if requests[before].finish_s is not None else requests[before].sent_s
+        assert requests[turn].sent_s == requests[turn].arrival_s == pytest.approx(ended + 0.25)
+    assert requests[4].sent_s == 0.0  # another conversation starts at its own time
+    assert all(r.status == RequestStatus.FINISHED for i, r in enumerate(requests) if i != 2)

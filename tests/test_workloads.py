@@ -228,3 +228,56 @@ def test_workload_stats_of_a_known_workload():
     stats = workload_stats(workload)
     assert stats["prompt tokens"] == 50 and stats["output p99"] == 3
     assert stats["arrival rate req/s"] == pytest.approx(4.0) and stats["inter-arrival CV"] == pytest.approx(0.0)
+
+
+def test_mooncake_hash_ids_name_the_same_pieces_with_or_without_ids():
+    with_ids, lengths_only = (build_workload(trace_cfg("mooncake"), vocab_size=1000, with_ids=w).requests
+                              for w in (True, False))
+    assert [r.prefix_pieces for r in with_ids] == [r.prefix_pieces for r in lengths_only]
+    first, third = with_ids[0].prefix_pieces, with_ids[2].prefix_pieces
+    assert first[0] == third[0] and first[1][0] == third[1][0]  # hash ids [0, 1] in both
+    assert sum(size for _, size in first) == 700 and first[1][1] == 700 - 512  # the last block partly used
+
+
+def test_a_random_prefix_and_a_system_prompt_are_shared_pieces_with_the_same_ids():
+    requests = build_workload(workload_cfg("random", num_requests=4, input_len=8, output_len=4, prefix_len=20,
+                                           system_prompt_len=5), vocab_size=1000).requests
+    assert all(r.prompt_len == 33 and len(r.prompt_ids) == 33 for r in requests)
+    assert len({r.prompt_ids[:25] for r in requests}) == 1 and len({r.prompt_ids for r in requests}) == 4
+    assert len({r.prefix_pieces for r in requests}) == 1
+    assert [size for _, size in requests[0].prefix_pieces] == [5, 20]
+    # Any workload takes a system prompt, and the context check counts it.
+    sharegpt = build_workload(workload_cfg("sharegpt", num_requests=6, system_prompt_len=1500), vocab_size=1000,
+                              max_model_len=2048)
+    assert all(r.prompt_len > 1500 for r in sharegpt.requests)
+    assert "beyond_context" in sharegpt.info
+
+
+def test_each_turn_of_a_conversation_resends_the_conversation_so_far():
+    workload = build_workload(workload_cfg("conversation", num_requests=30), vocab_size=1000)
+    requests = workload.requests
+    assert len(requests) == 30
+    for turn in requests:
+        if turn.follows is None:
+            continue
+        before = requests[turn.follows]
+        answer = turn.prefix_pieces[len(before.prefix_pieces)]
+        assert turn.prefix_pieces[:len(before.prefix_pieces)] == before.prefix_pieces
+        assert answer[1] == before.max_new_tokens  # the answer the workload wrote, as long as the turn's output
+        assert turn.prompt_ids[:before.prompt_len] == before.prompt_ids
+        assert turn.prompt_len == sum(size for _, size in turn.prefix_pieces)
+        assert turn.arrival_s == before.arrival_s and turn.think_s == 1.0
+    lengths_only = build_workload(workload_cfg("conversation", num_requests=30), vocab_size=1000, with_ids=False)
+    assert [(r.prompt_len, r.prefix_pieces, r.follows) for r in lengths_only.requests] == [
+        (r.prompt_len, r.prefix_pieces, r.follows) for r in requests]
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"turns": {"dist": "fixed", "value": 0}}, "workload.turns.value should be greater than or equal to 1"),
+    ({"max_prompt_len": 100}, "would cut a conversation's history"),
+    ({"think_s": -1}, "workload.think_s should be greater than or equal to 0"),
+    ({"system_prompt_len": -4}, "workload.system_prompt_len should be greater than or equal to 0"),
+])
+def test_bad_conversation_configs_are_named(overrides, message):
+    with pytest.raises(WorkloadError, match=message):
+        build_workload(workload_cfg("conversation", **overrides), vocab_size=1000)

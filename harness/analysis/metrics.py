@@ -126,15 +126,16 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame | None, itl: tuple[np.
 
 def prefix_hits(requests: pd.DataFrame) -> dict:
     """How much of the prompts the prefix cache held, over the requests whose cached tokens are known: as a share
-    of prompt tokens and of requests (any hit), and TTFT split by hit and miss (finished requests)."""
+    of prompt tokens and of requests (any hit), and TTFT split by hit and miss (finished requests). None where
+    nothing is known (as summary.json writes it)."""
     known = requests[requests.num_cached_tokens.notna()]
     prompt_tokens = int(known.prompt_len.sum())
     hit = known.num_cached_tokens > 0
     finished = known[known.status == RequestStatus.FINISHED.label]
     finished_hit = finished.num_cached_tokens > 0
     return {
-        "prefix_hit_rate_tokens": float(known.num_cached_tokens.sum() / prompt_tokens) if prompt_tokens else math.nan,
-        "prefix_hit_rate_requests": float(hit.mean()) if len(known) else math.nan,
+        "prefix_hit_rate_tokens": float(known.num_cached_tokens.sum() / prompt_tokens) if prompt_tokens else None,
+        "prefix_hit_rate_requests": float(hit.mean()) if len(known) else None,
         **_mean_and_p50("ttft_s_hit", finished.ttft_s[finished_hit]),
         **_mean_and_p50("ttft_s_miss", finished.ttft_s[~finished_hit]),
     }
@@ -143,7 +144,7 @@ def prefix_hits(requests: pd.DataFrame) -> dict:
 def _mean_and_p50(name: str, values: pd.Series) -> dict:
     values = values.dropna()
     if values.empty:
-        return {f"{name}_mean": math.nan, f"{name}_p50": math.nan}
+        return {f"{name}_mean": None, f"{name}_p50": None}
     return {f"{name}_mean": float(values.mean()), f"{name}_p50": float(values.median())}
 
 

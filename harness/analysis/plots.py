@@ -1,4 +1,4 @@
-"""A run's pictures: what each step computed, KV use, latency CDFs and a per-request timeline."""
+"""A run's pictures: what each step computed, KV use, the prefix cache, latency CDFs and a per-request timeline."""
 
 from pathlib import Path
 
@@ -67,6 +67,34 @@ def kv_usage(steps: pd.DataFrame, title: str, path: Path) -> None:
     save_figure(fig, path)
 
 
+def prefix_cache(steps: pd.DataFrame, num_blocks: int, title: str, path: Path, bins: int = 60) -> None:
+    """The prefix cache over time. Top: the share of admitted prompt tokens found cached, per time bin and so far.
+    Bottom: blocks held by running requests, and named blocks the cache keeps (held or evictable): when the two
+    meet the free blocks are gone, and admitting more evicts the prefixes that made requests cheap."""
+    end = float((steps.start_s + steps.duration_s).max())
+    edges = np.linspace(float(steps.start_s.min()), end, bins + 1)
+    which = np.clip(np.digitize(steps.start_s, edges) - 1, 0, bins - 1)
+    looked = np.bincount(which, weights=steps.num_lookup_tokens, minlength=bins)
+    cached = np.bincount(which, weights=steps.num_cached_tokens, minlength=bins)
+    some = looked > 0
+    centers = (edges[:-1] + edges[1:]) / 2
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 5.2), sharex=True)
+    top.bar(centers[some], 100 * cached[some] / looked[some], width=(end - edges[0]) / bins, color="tab:olive",
+            alpha=0.6, label="in this interval")
+    so_far = 100 * np.cumsum(cached) / np.maximum(np.cumsum(looked), 1)
+    top.step(centers, so_far, where="mid", color="tab:olive", label="since the start")
+    top.set(title=f"Prefix cache: {title}", ylabel="prompt tokens hit (%)", ylim=(0, 105))
+    top.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    drawn = thinned(steps)
+    bottom.step(drawn.start_s, 100 * drawn.kv_used_blocks / num_blocks, where="post", color="tab:purple",
+                label="held by requests")
+    bottom.step(drawn.start_s, 100 * drawn.kv_cached_blocks / num_blocks, where="post", color="tab:olive",
+                label="cached prefixes")
+    bottom.set(xlabel="time (s)", ylabel="KV blocks (%)", ylim=(0, 105), xlim=(edges[0], end))
+    bottom.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    save_figure(fig, path)
+
+
 def latency_cdfs(requests: pd.DataFrame, title: str, path: Path) -> None:
     finished = requests[requests.status == RequestStatus.FINISHED.label]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
@@ -108,11 +136,16 @@ def request_gantt(requests: pd.DataFrame, title: str, path: Path) -> None:
     save_figure(fig, path)
 
 
-def plot_run(requests: pd.DataFrame, steps: pd.DataFrame, title: str, plots_dir: Path) -> list[Path]:
-    paths = [plots_dir / name for name in ("steps.png", "kv_cache.png", "latency_cdf.png", "requests.png")]
+def plot_run(requests: pd.DataFrame, steps: pd.DataFrame, title: str, plots_dir: Path,
+             num_blocks: int | None = None) -> list[Path]:
+    """The run's plots that apply (no steps from a peer; no prefix-cache plot without a cache that named blocks)."""
+    names = ("steps.png", "kv_cache.png", "prefix_cache.png", "latency_cdf.png", "requests.png")
+    paths = [plots_dir / name for name in names]
     if len(steps):
         step_composition(steps, title, paths[0])
         kv_usage(steps, title, paths[1])
-    latency_cdfs(requests, title, paths[2])
-    request_gantt(requests, title, paths[3])
+        if num_blocks and steps.kv_cached_blocks.any():
+            prefix_cache(steps, num_blocks, title, paths[2])
+    latency_cdfs(requests, title, paths[3])
+    request_gantt(requests, title, paths[4])
     return [p for p in paths if p.exists()]

@@ -26,6 +26,7 @@ TERMINAL_ROWS = [
     ("KV use peak / mean",
      engine_side(lambda s: f"{s['kv_peak_utilization']:.1%} / {s['kv_mean_utilization']:.1%}")),
     ("preemptions", engine_side(lambda s: str(s["num_preemptions"]))),
+    ("prefix cache", lambda s: prefix_line(s)),
     ("goodput (SLOs met)", lambda s: f"{s['goodput_rps']:.2f} req/s"),
     ("harness overhead", engine_side(lambda s: f"{duration(s['overhead_s'])} of {duration(s['replica_s'])}"
                                                 + (f" ({s['replicas']} replicas' time)" if s.get("replicas", 1) > 1
@@ -51,6 +52,19 @@ def duration(seconds: float | None) -> str:
     if size < 3600:
         return f"{seconds:.0f} s"
     return f"{seconds / 3600:.1f} h"
+
+
+def prefix_line(s: dict) -> str:
+    """The prefix cache in one line: off, or how much of the prompts it held (where that is known)."""
+    if s.get("prefix_caching") is False:
+        return "off"
+    rate = s.get("prefix_hit_rate_tokens")
+    if rate is None or rate != rate:
+        server = s.get("server_prefix_cache_hit_rate")
+        return "n/a" if server is None else f"{server:.1%} of prompt tokens hit (the server's count)"
+    evictions = s.get("num_prefix_evictions")
+    return (f"{rate:.1%} of prompt tokens hit ({s['prefix_hit_rate_requests']:.0%} of requests)"
+            + ("" if evictions is None else f", {evictions} blocks evicted"))
 
 
 def terminal_table(summary: dict) -> str:
@@ -82,6 +96,7 @@ def run_report(summary: dict, requests: pd.DataFrame, steps: pd.DataFrame | None
         "",
         *[f"![{p.stem}]({p.as_posix()})" for p in plots],
         "",
+        *_prefix_cache(summary),
         *_measurement(summary),
         *_server(summary),
         "## Environment",
@@ -109,6 +124,27 @@ def _composition(steps: pd.DataFrame | None, summary: dict, tables: list[str]) -
             composition.to_markdown(), "",
             f"{summary['num_steps']} steps. Tables: {', '.join(f'`{t}`' for t in tables)}.", ""]
 
+
+
+def _prefix_cache(summary: dict) -> list[str]:
+    """What the prefix cache saved: nothing when it was off or no request's cached tokens are known."""
+    rate = summary.get("prefix_hit_rate_tokens")
+    if summary.get("prefix_caching") is False or rate is None or rate != rate:
+        return []
+    lines = ["## Prefix cache", "",
+             "Prompt blocks already computed (a shared system prompt, a conversation's earlier turns, a trace's "
+             "shared blocks) are reused from the cache instead of computed again.", "",
+             f"- prompt tokens found cached at admission: {rate:.1%}; requests with a hit: "
+             f"{summary['prefix_hit_rate_requests']:.1%}",
+             f"- TTFT mean with a hit {duration(summary['ttft_s_hit_mean'])} (p50 "
+             f"{duration(summary['ttft_s_hit_p50'])}), without {duration(summary['ttft_s_miss_mean'])} (p50 "
+             f"{duration(summary['ttft_s_miss_p50'])})"]
+    if summary.get("prefix_cache_queried_tokens") is not None:
+        lines += [f"- lookups at every admission, re-admissions after preemption included (vLLM's counters): "
+                  f"{summary['prefix_cache_hit_tokens']} of {summary['prefix_cache_queried_tokens']} tokens hit",
+                  f"- blocks evicted to make room: {summary.get('num_prefix_evictions', 0)}; most named blocks "
+                  f"cached at once: {summary['kv_cached_blocks_max']}"]
+    return lines + [""]
 
 
 def _measurement(summary: dict) -> list[str]:

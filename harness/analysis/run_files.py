@@ -29,7 +29,8 @@ def write_results(run_dir: Path, raw: DictConfig, cfg: RunConfig, records: list[
     # matplotlib is imported here, where a run draws: a run refused at its config answers 0.6 s sooner without it.
     from harness.analysis.plots import plot_run
 
-    plots = plot_run(requests, steps if steps is not None else pd.DataFrame(), title, run_dir / "plots")
+    plots = plot_run(requests, steps if steps is not None else pd.DataFrame(), title, run_dir / "plots",
+                     summary.get("num_blocks"))
     write_text(run_dir / "report.md", run_report(summary, requests, steps, workload_info,
                                                  [p.relative_to(run_dir) for p in plots], tables))
     write_json(run_dir / "summary.json", summary)  # last: its presence means the run is complete

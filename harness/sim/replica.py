@@ -11,7 +11,7 @@ from harness.run_parts import CPU_NUM_BLOCKS, configured_replica, load_workload
 from harness.sim.continuous import SimContinuous
 from harness.sim.costmodel import build_cost_model
 from harness.sim.padded import SimDynamic, SimStatic
-from harness.sim.router import ROUTERS
+from harness.sim.router import make_router
 from harness.sim.runner import SimRunner
 from strategies import Strategy
 from strategies.continuous import ContinuousBatching
@@ -56,7 +56,7 @@ def simulated_replicas(cfg: RunConfig):
     engine_class = partial(simulated_engine, shared_prefixes=any(s.prefix_pieces for s in workload.requests))
     replicas = [configured_replica(cfg, lambda allocator: SimRunner(costs), blocks, config["max_position_embeddings"],
                                    (), engine_class, caps) for _ in range(cfg.runner.replicas)]
-    route = ROUTERS[cfg.runner.router]() if len(replicas) > 1 else None
+    route = make_router(cfg.runner.router, cfg.runner.router_load_weight) if len(replicas) > 1 else None
     return replicas, route, workload, "cpu", dtype
 
 
