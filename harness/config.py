@@ -264,6 +264,7 @@ class RunConfig(Strict):
     results: ResultsConfig = ResultsConfig()
     stop_at_eos: bool = False
     save_tokens: bool = False
+    save_trace: bool = False
     progress: bool = True
     overwrite: bool = False
 

@@ -18,7 +18,7 @@ import pandas as pd
 
 # What a run writes into its folder; a new run into the folder removes these first (and nothing else).
 RESULT_FILES = ("status.json", "summary.json", "requests.csv", "steps.csv", "requests.parquet", "steps.parquet",
-                "replicas.csv", "report.md", "tokens.jsonl", "config.yaml")
+                "replicas.csv", "report.md", "tokens.jsonl", "trace.jsonl", "config.yaml")
 LOCK_FILE = ".lock"
 
 
