@@ -1,5 +1,6 @@
 """Metric definitions on hand-computed cases, run plots, and sweeps ending in a comparison."""
 
+import json
 import math
 import os
 import stat
@@ -36,7 +37,8 @@ def finished_request(request_id, arrival, token_times, prompt_len=5, first_sched
 def step(index, start, duration, prefill=0, decode=0, padding=0, kv=0, busy=None) -> dict:
     return dict(step=index, start_s=start, duration_s=duration, busy_s=duration if busy is None else busy,
                 num_prefill_tokens=prefill, num_decode_tokens=decode, num_padding_tokens=padding, num_rows=1,
-                row_width=0, num_preempted=0, num_waiting=0, num_seqs=1, kv_used_blocks=kv)
+                row_width=0, num_preempted=0, num_waiting=0, num_seqs=1, kv_used_blocks=kv, num_lookup_tokens=0,
+                num_cached_tokens=0, kv_cached_blocks=0)
 
 
 def step_log(*steps: dict) -> StepLog:
@@ -127,8 +129,9 @@ def test_a_sweep_ends_in_a_comparison_survives_a_failed_job_and_resumes(tmp_path
     for name in ("metrics_vs_rate.png", "padding_waste.png"):
         assert (tmp_path / "plots" / name).read_bytes()[:8] == PNG
     run = next(p for p in tmp_path.iterdir() if (p / "summary.json").exists())
+    hits = json.loads((run / "summary.json").read_text())["prefix_cache_hit_tokens"]
     assert {p.name for p in (run / "plots").iterdir()} == {"steps.png", "kv_cache.png", "latency_cdf.png",
-                                                            "requests.png"}
+                                                            "requests.png"} | ({"prefix_cache.png"} if hits else set())
     again = sweep(tmp_path, "kv_cache.num_blocks=64")
     assert again.returncode == 0 and again.stdout.count("skipped:") == 4
 

@@ -138,13 +138,13 @@ def request_gantt(requests: pd.DataFrame, title: str, path: Path) -> None:
 
 def plot_run(requests: pd.DataFrame, steps: pd.DataFrame, title: str, plots_dir: Path,
              num_blocks: int | None = None) -> list[Path]:
-    """The run's plots that apply (no steps from a peer; no prefix-cache plot without a cache that named blocks)."""
+    """The run's plots that apply (no steps from a peer; no prefix-cache plot where the cache found nothing)."""
     names = ("steps.png", "kv_cache.png", "prefix_cache.png", "latency_cdf.png", "requests.png")
     paths = [plots_dir / name for name in names]
     if len(steps):
         step_composition(steps, title, paths[0])
         kv_usage(steps, title, paths[1])
-        if num_blocks and steps.kv_cached_blocks.any():
+        if num_blocks and steps.num_cached_tokens.any():
             prefix_cache(steps, num_blocks, title, paths[2])
     latency_cdfs(requests, title, paths[3])
     request_gantt(requests, title, paths[4])

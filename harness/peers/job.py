@@ -55,7 +55,7 @@ def run_peer(cfg: RunConfig, raw: DictConfig, run_dir: Path) -> dict:
               "arrival": cfg.workload.arrival, "rate": cfg.workload.rate,
               "concurrency": concurrency, "max_concurrency": cfg.workload.max_concurrency,
               "engine_caps": f"{caps} ({whose})" if concurrency else caps,
-              "block_size": cfg.kv_cache.block_size}
+              "block_size": cfg.kv_cache.block_size, "prefix_caching": _prefix_caching(cfg)}
     requests = metrics.requests_table(records).sort_values("request_id").reset_index(drop=True)
     summary = metrics.summarize(requests, None, metrics.inter_token_latencies([records]), labels, cfg.slo.ttft_s,
                                 cfg.slo.tpot_s)
@@ -64,6 +64,12 @@ def run_peer(cfg: RunConfig, raw: DictConfig, run_dir: Path) -> dict:
     summary["measurement_warning"] = merged_stream_warning(summary["measurement_warning"],
                                                            server["stream_tokens_per_chunk"])
     return finish_run(run_dir, raw, cfg, records.requests, requests, None, summary, workload.info, interrupted)
+
+
+def _prefix_caching(cfg: RunConfig) -> bool | None:
+    """Whether the peer reused cached prefixes: what a server this run launched was told; unknown otherwise."""
+    launch = getattr(cfg.runner, "launch", None)
+    return cfg.kv_cache.prefix_caching if launch and "{prefix_caching_flag}" in launch else None
 
 
 def _machine_load(cfg: RunConfig) -> MachineLoad:
@@ -223,8 +229,9 @@ def launch_fields(cfg: RunConfig, device, config: dict, num_seqs: int, num_token
     """The run's settings a launch command may name, so a server runs as our engines do: `{num_blocks}` and
     `{block_size}` (the cache: `auto` is the CPU's fixed pool; on a GPU give kv_cache.num_blocks), `{kv_cache_gib}`
     (what those blocks take, whole GiB), `{max_num_seqs}` and `{max_batch_tokens}` (our continuous strategy's caps,
-    `auto` resolved as for our runs), `{dtype}`, `{seed}`, `{cpu_list}` (the cores of torch's threads, `0-1`) and,
-    with `runner.server_env`, `{python}` (its interpreter)."""
+    `auto` resolved as for our runs), `{dtype}`, `{seed}`, `{cpu_list}` (the cores of torch's threads, `0-1`),
+    `{prefix_caching_flag}` (vLLM's flag for `kv_cache.prefix_caching`) and, with `runner.server_env`, `{python}`
+    (its interpreter)."""
     import torch
 
     runner, strategy = cfg.runner, cfg.strategy
@@ -242,7 +249,9 @@ def launch_fields(cfg: RunConfig, device, config: dict, num_seqs: int, num_token
     fields = {"num_blocks": blocks, "block_size": cfg.kv_cache.block_size, "kv_cache_gib": max(1, kv_gib),
               "max_num_seqs": concurrency if seqs == "auto" else seqs,
               "max_batch_tokens": num_tokens if tokens == "auto" else tokens, "dtype": dtype, "seed": cfg.seed,
-              "cpu_list": f"0-{torch.get_num_threads() - 1}"}
+              "cpu_list": f"0-{torch.get_num_threads() - 1}",
+              "prefix_caching_flag": "--enable-prefix-caching" if cfg.kv_cache.prefix_caching
+              else "--no-enable-prefix-caching"}
     if runner.server_env:
         fields["python"] = str(server_python(runner.server_env))
     return fields

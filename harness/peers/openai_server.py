@@ -85,6 +85,10 @@ class OpenAIClient:
         if usage is None:
             raise ServerError("the server's stream ended without a usage count (is it OpenAI-compatible?)")
         request.num_output_tokens = usage["completion_tokens"]
+        # Prompt tokens the server's prefix cache held, where it says (vLLM with --enable-prompt-tokens-details).
+        details = usage.get("prompt_tokens_details") or {}
+        if details.get("cached_tokens") is not None:
+            request.num_cached_tokens = details["cached_tokens"]
         request.status = RequestStatus.FINISHED
 
     def _body(self, prompt, max_tokens: int, stream: bool = True) -> dict:
