@@ -23,7 +23,7 @@ COLUMNS = ["status", "strategy", "workload", "arrival", "rate", "concurrency", "
            "num_rejected",
            "num_preemptions", "request_throughput_rps", "output_throughput_tps", "goodput_rps", "ttft_s_p50",
            "ttft_s_p99", "tpot_s_p50", "tpot_s_p99", "e2e_s_p50", "padding_waste", "kv_peak_utilization",
-           "makespan_s", "error"]
+           "prefix_hit_rate_tokens", "makespan_s", "error"]
 SWEEP_AXES = ("rate", "concurrency")  # the first that varies across runs becomes the x axis
 
 
@@ -123,19 +123,24 @@ def plot_comparison(runs: pd.DataFrame, plots_dir: Path) -> list[Path]:
 
 
 def plot_systems(finished: pd.DataFrame, path: Path) -> Path:
-    """One load, several systems (ours and peers): output throughput and TTFT p50 side by side."""
+    """One load, several systems (ours and peers) or several settings of one (routers, caches): output throughput,
+    TTFT p50 and, where a prefix cache found something, its hit rate, side by side. Bars are named by strategy, or
+    by run where one strategy ran several times."""
     import matplotlib.pyplot as plt
 
     from harness.analysis.plots import save_figure
 
-    systems = finished.groupby("strategy")[["output_throughput_tps", "ttft_s_p50"]].mean()
-    systems = systems.sort_values("output_throughput_tps")
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 0.5 * len(systems) + 1.5), sharey=True)
-    left.barh(systems.index, systems.output_throughput_tps, color="tab:blue")
-    left.set(title="output throughput (tok/s), higher is better")
-    right.barh(systems.index, systems.ttft_s_p50, color="tab:orange")
-    right.set(title="TTFT p50 (s), lower is better")
-    for ax, column, fmt in ((left, "output_throughput_tps", "{:.0f}"), (right, "ttft_s_p50", "{:.3g}")):
+    label = "strategy" if finished.strategy.is_unique else "run"
+    panels = [("output_throughput_tps", "output throughput (tok/s), higher is better", "{:.0f}", "tab:blue"),
+              ("ttft_s_p50", "TTFT p50 (s), lower is better", "{:.3g}", "tab:orange")]
+    if pd.to_numeric(finished.prefix_hit_rate_tokens, errors="coerce").fillna(0).any():
+        panels.append(("prefix_hit_rate_tokens", "prefix hit rate (prompt tokens)", "{:.1%}", "tab:olive"))
+    columns = [column for column, *_ in panels]
+    systems = finished.groupby(label)[columns].mean().sort_values("output_throughput_tps")
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 0.5 * len(systems) + 1.5), sharey=True)
+    for ax, (column, title, fmt, color) in zip(axes, panels):
+        ax.barh(systems.index, systems[column], color=color)
+        ax.set(title=title)
         for y, value in enumerate(systems[column]):
             ax.text(value, y, " " + fmt.format(value), va="center")
         ax.grid(axis="x", alpha=0.3)
@@ -145,7 +150,7 @@ def plot_systems(finished: pd.DataFrame, path: Path) -> Path:
 
 
 def comparison_markdown(runs: pd.DataFrame, plots: list[Path], out_dir: Path) -> str:
-    shown = runs[COLUMNS].drop(columns="error")
+    shown = runs[["run", *COLUMNS]].drop(columns="error")
     failed = runs[runs.status != RunStatus.FINISHED]
     parts = ["# Comparison", "", f"{len(runs)} runs, {len(failed)} not finished.", "",
              shown.to_markdown(index=False, floatfmt=".4g"), ""]
