@@ -48,6 +48,21 @@ def test_a_workload_runs_through_vllm_and_the_server_says_what_its_engine_did(vl
     assert summary["stream_tokens_per_chunk"] == pytest.approx(1.0, abs=0.1)
 
 
+def test_vllm_finds_the_shared_prefixes_our_cache_finds(vllm, tmp_path):
+    """Per request, the prompt tokens vLLM's prefix cache held (its usage's `cached_tokens`) are those our cache
+    holds for the same requests from the same client, simulated: the shared 512 tokens for all but the first."""
+    shared = ["workload.prefix_len=512", "workload.input_len=128", "workload.output_len=8", "seed=5"]
+    summary = run(vllm, tmp_path / "vllm", *shared)  # seed 5: no prompt of the tests before shares a token
+    ours = run_job(compose_config(["runner=sim", "runner.hardware=cpu", "kv_cache.block_size=32", "workload=random",
+                                   "workload.num_requests=8", "workload.max_concurrency=4", "progress=false",
+                                   *shared]), tmp_path / "ours")
+    cached = [pd.read_csv(tmp_path / name / "requests.csv").sort_values("request_id").num_cached_tokens.tolist()
+              for name in ("vllm", "ours")]
+    assert cached[0] == cached[1] == [0] + [512] * 7
+    assert summary["prefix_hit_rate_tokens"] == summary["server_prefix_cache_hit_rate"] == ours[
+        "prefix_hit_rate_tokens"] == 7 * 512 / (8 * 640)
+
+
 def test_a_wrong_model_name_is_one_clear_error(vllm, tmp_path):
     with pytest.raises(ConfigError, match="refused a first request: ServerError: HTTP 404: .*no-such-model"):
         run(vllm, tmp_path, "runner.model=no-such-model")

@@ -77,7 +77,7 @@ def main() -> None:
     workload = ["workload=random", f"workload.input_len={args.input_len}", f"workload.output_len={args.output_len}",
                 f"workload.num_requests={args.requests}", f"workload.max_concurrency={args.concurrency}",
                 "progress=false"]
-    cfg = compose_config(["system=vllm", *workload])
+    cfg = compose_config(["system=vllm", "kv_cache.prefix_caching=false", *workload])
     python = server_python(cfg.runner.server_env)
     config = read_model_config(cfg.model)
     tokenizer = word_tokenizer(config["vocab_size"])
@@ -88,7 +88,7 @@ def main() -> None:
         dataset = out / "prompts.jsonl"
         dataset.write_text("".join(json.dumps({"prompt": tokenizer.decode(spec.prompt_ids),
                                                "output_tokens": spec.max_new_tokens}) + "\n" for spec in specs))
-        with started_vllm(cfg, out, "--no-enable-prefix-caching") as (url, model_path), \
+        with started_vllm(cfg, out) as (url, model_path), \
                 MachineLoad(psutil.cpu_count() or 1) as load:
             for i in range(args.rounds):  # every core is the benchmark's: the server, its front end, the clients
                 clients = {"batchlab": lambda run: ours(url, model_path, workload, out / f"{run}-ours"),

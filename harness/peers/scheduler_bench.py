@@ -2,9 +2,10 @@
 
     python -m harness.peers.scheduler_bench [--concurrency 1 4 16] [--requests 64] [--rounds 3] [--out DIR]
 
-One vLLM server as `system=vllm` starts it (`bash scripts/install-vllm.sh` first; prefix caching off, as ours has
-none yet), and our `strategy=continuous` set to that server's settings: block size 32, the same `max_num_seqs` and
-`max_batch_tokens`, chunked prefill with decodes first (vLLM V1's policy). On each closed-loop load both run the
+One vLLM server as `system=vllm` starts it (`bash scripts/install-vllm.sh` first; prefix caching off in both, so
+that repeated rounds compute the same prompts afresh), and our `strategy=continuous` set to that server's settings:
+block size 32, the same `max_num_seqs` and `max_batch_tokens`, chunked prefill with decodes first (vLLM V1's
+policy). On each closed-loop load both run the
 same requests, interleaved over rounds. Prints, per load, the median over rounds of what each scheduler did (steps,
 tokens a step, running requests, preemptions) and what it achieved (output tok/s, TTFT p50, TPOT p50), our
 throughput over vLLM's, and the wall time a step took each, ours split into the model's forward and the harness's own
@@ -45,7 +46,7 @@ def one_load(concurrency: int, args, url: str, model_path: str, out: Path, round
     workload = ["workload=random", f"workload.input_len={args.input_len}", f"workload.output_len={args.output_len}",
                 f"workload.num_requests={args.requests}", f"workload.max_concurrency={concurrency}", "progress=false"]
     systems = {
-        "batchlab": ["strategy=continuous", "kv_cache.block_size=32"],
+        "batchlab": ["strategy=continuous", "kv_cache.block_size=32", "kv_cache.prefix_caching=false"],
         "vllm": ["runner=openai", f"runner.url={url}", f"runner.model={model_path}"],
     }
     rows = []
@@ -101,7 +102,8 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        with started_vllm(compose_config(["system=vllm"]), out, "--no-enable-prefix-caching") as (url, model_path):
+        # Without prefix caching: repeated rounds compute the same prompts afresh.
+        with started_vllm(compose_config(["system=vllm", "kv_cache.prefix_caching=false"]), out) as (url, model_path):
             for concurrency in args.concurrency:
                 rows += one_load(concurrency, args, url, model_path, out, args.rounds)
     table = pd.DataFrame(rows).groupby("concurrency").median().reset_index()

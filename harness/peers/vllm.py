@@ -16,9 +16,8 @@ from harness.run_parts import device_caps
 @contextlib.contextmanager
 def started_vllm(cfg, out: Path, *flags: str):
     """vLLM as `cfg` (a `system=vllm` config) would start it, serving its model saved into `out`, with `flags`
-    added to its command (`--no-enable-prefix-caching`, so that repeated rounds compute the same prompts afresh;
-    `--enforce-eager`, which starts some 15 s sooner without compiling the model): yields (its URL, the served
-    model's path, which is also its name)."""
+    added to its command (`--enforce-eager`, which starts some 15 s sooner without compiling the model): yields (its
+    URL, the served model's path, which is also its name). Prefix caching follows `cfg.kv_cache.prefix_caching`."""
     device = torch.device("cpu")
     config = read_model_config(cfg.model)
     model_path = served_model_path(cfg, word_tokenizer(config["vocab_size"]), out)
