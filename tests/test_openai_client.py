@@ -30,9 +30,12 @@ vllm:time_to_first_token_seconds_count{{engine="0",model_name="m"}} {requests}
 """
 
 
-def chunk(text: str | None = None, usage: int | None = None) -> bytes:
-    body = {"choices": [{"index": 0, "text": text}] if text is not None else [],
-            "usage": {"completion_tokens": usage} if usage is not None else None}
+def chunk(text: str | None = None, usage: int | None = None, cached: int | None = None) -> bytes:
+    """A stream chunk: a token's text, or the usage count (with the prompt tokens the server's cache held)."""
+    counts = {"completion_tokens": usage} if usage is not None else None
+    if counts is not None and cached is not None:
+        counts["prompt_tokens_details"] = {"cached_tokens": cached}
+    body = {"choices": [{"index": 0, "text": text}] if text is not None else [], "usage": counts}
     return f"data: {json.dumps(body)}\n\n".encode()
 
 
@@ -94,6 +97,13 @@ def test_each_token_chunk_is_stamped_and_the_count_is_the_servers_usage():
     sent = handler.bodies[0]
     assert sent["prompt"] == [1, 2, 3] and sent["max_tokens"] == 4 and sent["ignore_eos"] and sent["stream"]
     assert _tokens_per_chunk(records) == pytest.approx(1.0)
+
+
+def test_a_servers_count_of_cached_prompt_tokens_is_kept_where_it_gives_one():
+    records, _ = replay(streaming([chunk("a"), chunk(usage=1, cached=2), b"data: [DONE]\n\n"]))
+    assert [r.num_cached_tokens for r in records.requests] == [2, 2]
+    records, _ = replay(streaming([chunk("a"), chunk(usage=1), b"data: [DONE]\n\n"]))
+    assert [r.num_cached_tokens for r in records.requests] == [None, None]  # unknown, not zero
 
 
 def test_a_merged_stream_is_measured_and_warned_about():

@@ -1,7 +1,9 @@
 """The prefix cache's bookkeeping: block names, hits, reference counts and eviction order."""
 
+import json
 from functools import partial
 
+import pandas as pd
 import pytest
 
 from harness.config import compose_config
@@ -160,3 +162,19 @@ def test_the_prefix_aware_router_sends_a_conversation_back_to_its_cache():
     balanced = conversation_cluster("prefix_aware", load_weight=100.0)
     counts = sorted(len(e.records.requests) for e in balanced)
     assert counts[-1] - counts[0] <= 6
+
+
+def test_a_run_writes_what_it_sent_as_a_mooncake_trace_that_replays_its_sharing(tmp_path):
+    sim = ["runner=sim", "runner.hardware=cpu", "progress=false"]
+    run_job(compose_config([*sim, "workload=agentic", "workload.num_requests=24", "save_trace=true"]), tmp_path / "a")
+    trace = tmp_path / "a" / "trace.jsonl"
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    sent = pd.read_csv(tmp_path / "a" / "requests.csv").sort_values(["sent_s", "request_id"])
+    assert [line["timestamp"] for line in lines] == [round(s * 1000, 3) for s in sent.sent_s]
+    assert [line["input_length"] for line in lines] == sent.prompt_len.tolist()
+    # A hash id per 512 tokens, the last block partly filled; a session's steps name their shared blocks alike.
+    hash_ids = [line["hash_ids"] for line in lines]
+    assert all(len(ids) == -(-line["input_length"] // 512) for ids, line in zip(hash_ids, lines))
+    assert sum(map(len, hash_ids)) > len({i for ids in hash_ids for i in ids})  # requests share blocks
+    replayed = run_job(compose_config([*sim, "workload=mooncake", f"workload.path={trace}"]), tmp_path / "b")
+    assert replayed["num_finished"] == 24 and replayed["prefix_hit_rate_tokens"] > 0.3

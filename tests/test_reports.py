@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from harness.analysis import metrics
 from harness.analysis.compare import write_comparison
 from harness.analysis.report import duration
-from harness.analysis.results import write_text
+from harness.analysis.results import RunStatus, write_json, write_status, write_text
 from harness.core.records import RunRecords, StepLog
 from strategies import Request, RequestStatus
 from tests.conftest import ROOT
@@ -167,6 +167,21 @@ def test_compare_by_hand_lists_every_folder_with_its_status(tmp_path):
     assert np.isclose(table.loc["c", "output_throughput_tps"], 20.0)
     assert (out / "plots" / "metrics_vs_rate.png").read_bytes()[:8] == PNG
     assert "boom" in (out / "comparison.md").read_text()
+
+
+def test_runs_of_one_strategy_are_told_apart_by_their_folders_with_their_prefix_hit_rates(tmp_path):
+    for router, hit_rate, tps in (("round_robin", 0.47, 4600.0), ("prefix_aware", 0.82, 5500.0)):
+        run = tmp_path / f"runner.router={router}"
+        run.mkdir()
+        write_status(run, RunStatus.FINISHED)
+        write_json(run / "summary.json", {"strategy": "continuous", "workload": "conversation", "rate": 8.0,
+                                          "output_throughput_tps": tps, "ttft_s_p50": 0.1,
+                                          "prefix_hit_rate_tokens": hit_rate})
+    runs = write_comparison(sorted(tmp_path.iterdir()), tmp_path / "out", tmp_path)
+    assert sorted(runs.run) == ["runner.router=prefix_aware", "runner.router=round_robin"]
+    text = (tmp_path / "out" / "comparison.md").read_text()
+    assert "runner.router=prefix_aware" in text and "prefix_hit_rate_tokens" in text and "0.82" in text
+    assert (tmp_path / "out" / "plots" / "systems.png").read_bytes()[:8] == PNG
 
 
 def test_comparison_of_nothing_is_an_error(tmp_path):
