@@ -24,8 +24,14 @@ from harness.analysis.results import (
     read_status,
     write_status,
 )
-from harness.config import PEERS, ConfigError, check_group_choices, check_output_dirs, expand_dict_overrides
-from harness.job import run_job
+from harness.config import (
+    PEERS,
+    ConfigError,
+    check_group_choices,
+    check_output_dirs,
+    expand_dict_overrides,
+    validate,
+)
 from workloads import WorkloadError
 
 log = logging.getLogger("harness")
@@ -57,6 +63,9 @@ def main(cfg: DictConfig) -> None:
 
 def _run(cfg: DictConfig, run_dir: Path, labels: dict, in_sweep: bool) -> None:
     try:
+        validate(cfg)  # a bad config is refused before the job's imports (pandas, the engine: half a second)
+        from harness.job import run_job
+
         run_job(cfg, run_dir)
     except (ConfigError, WorkloadError) as e:
         write_status(run_dir, RunStatus.FAILED, {"error": str(e)} | labels)

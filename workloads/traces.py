@@ -13,9 +13,12 @@ import json
 import math
 import warnings
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # pandas is imported where a CSV is read: a run that reads none starts half a second sooner
+    import pandas as pd
 
 from workloads.spec import MAX_SPAN_S, WorkloadError, existing_file
 
@@ -34,9 +37,11 @@ class TraceRows:
     info: dict = field(default_factory=dict)
 
 
-def _read_csv(path: str, columns: list[str], max_rows: int | None = None) -> pd.DataFrame:
+def _read_csv(path: str, columns: list[str], max_rows: int | None = None) -> "pd.DataFrame":
     """The file (its first `max_rows` data rows if given), which must have `columns`. Every column is parsed:
     reading only some would hide rows with more fields than the header."""
+    import pandas as pd
+
     file = existing_file(path, "trace file")
     try:
         with warnings.catch_warnings():
@@ -55,8 +60,10 @@ def _read_csv(path: str, columns: list[str], max_rows: int | None = None) -> pd.
     return table
 
 
-def _column(table: pd.DataFrame, column: str, path: str, minimum: float, integer: bool = True) -> np.ndarray:
+def _column(table: "pd.DataFrame", column: str, path: str, minimum: float, integer: bool = True) -> np.ndarray:
     """A numeric column, every value finite and >= minimum (and whole, for counts); the first bad row is named."""
+    import pandas as pd
+
     values = pd.to_numeric(table[column], errors="coerce").to_numpy(dtype=float)
     bad = ~np.isfinite(values) | (values < minimum)
     if integer:
@@ -95,7 +102,9 @@ def _non_empty(rows: TraceRows, path: str, why: str = "") -> TraceRows:
     return rows
 
 
-def _azure_seconds(table: pd.DataFrame, path: str, unit: str | None) -> np.ndarray:
+def _azure_seconds(table: "pd.DataFrame", path: str, unit: str | None) -> np.ndarray:
+    import pandas as pd
+
     stamps = table.TIMESTAMP
     if pd.api.types.is_numeric_dtype(stamps):
         if unit is None:

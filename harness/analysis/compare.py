@@ -6,9 +6,12 @@ import glob
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 from hydra.experimental.callback import Callback
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from harness.analysis.results import (
     RunStatus,
@@ -27,7 +30,7 @@ COLUMNS = ["status", "strategy", "workload", "arrival", "rate", "concurrency", "
 SWEEP_AXES = ("rate", "concurrency")  # the first that varies across runs becomes the x axis
 
 
-def load_runs(run_dirs: list[Path], base: Path | None = None) -> pd.DataFrame:
+def load_runs(run_dirs: list[Path], base: Path | None = None) -> "pd.DataFrame":
     """One row per folder given, whatever state it is in: a finished run's summary; an interrupted run's partial
     summary; a failed run's error; a folder whose files are damaged, whose run died without a status, or that is
     no run folder at all and holds none, said so. `status.json` is the truth: a summary left by an earlier run never
@@ -48,6 +51,8 @@ def load_runs(run_dirs: list[Path], base: Path | None = None) -> pd.DataFrame:
             row = status
         name = run_dir.relative_to(base).as_posix() if base is not None and run_dir != base else run_dir.name
         rows.append(row | {"run": name})
+    import pandas as pd  # here, not at the top: every run loads this module (the sweep callback)
+
     table = pd.DataFrame(rows)
     for column in COLUMNS:
         if column not in table:
@@ -63,18 +68,18 @@ def _read_summary(path: Path) -> dict | None:
     return summary if isinstance(summary, dict) else None
 
 
-def sweep_axis(runs: pd.DataFrame) -> str | None:
+def sweep_axis(runs: "pd.DataFrame") -> str | None:
     finished = runs[runs.status == RunStatus.FINISHED]
     return next((axis for axis in SWEEP_AXES if finished[axis].nunique(dropna=True) > 1), None)
 
 
-def _slo_text(runs: pd.DataFrame) -> str:
+def _slo_text(runs: "pd.DataFrame") -> str:
     limits = [f"{name} <= {runs[key].iloc[0]:g} s" for key, name in (("slo_ttft_s", "TTFT"), ("slo_tpot_s", "TPOT"))
               if key in runs and runs[key].notna().any()]
     return ", ".join(limits) if limits else "no SLO set"
 
 
-def plot_comparison(runs: pd.DataFrame, plots_dir: Path) -> list[Path]:
+def plot_comparison(runs: "pd.DataFrame", plots_dir: Path) -> list[Path]:
     # Imported where drawn: every run loads this module (the sweep callback), and pyplot takes 0.6 s.
     import matplotlib.pyplot as plt
     from matplotlib import ticker
@@ -122,7 +127,7 @@ def plot_comparison(runs: pd.DataFrame, plots_dir: Path) -> list[Path]:
     return paths
 
 
-def plot_systems(finished: pd.DataFrame, path: Path) -> Path:
+def plot_systems(finished: "pd.DataFrame", path: Path) -> Path:
     """One load, several systems (ours and peers) or several settings of one (routers, caches): output throughput,
     TTFT p50 and, where a prefix cache found something, its hit rate, side by side. Bars are named by strategy, or
     by run where one strategy ran several times."""
@@ -133,7 +138,7 @@ def plot_systems(finished: pd.DataFrame, path: Path) -> Path:
     label = "strategy" if finished.strategy.is_unique else "run"
     panels = [("output_throughput_tps", "output throughput (tok/s), higher is better", "{:.0f}", "tab:blue"),
               ("ttft_s_p50", "TTFT p50 (s), lower is better", "{:.3g}", "tab:orange")]
-    if pd.to_numeric(finished.prefix_hit_rate_tokens, errors="coerce").fillna(0).any():
+    if (finished.prefix_hit_rate_tokens.astype(float).fillna(0) > 0).any():
         panels.append(("prefix_hit_rate_tokens", "prefix hit rate (prompt tokens)", "{:.1%}", "tab:olive"))
     columns = [column for column, *_ in panels]
     systems = finished.groupby(label)[columns].mean().sort_values("output_throughput_tps")
@@ -149,7 +154,7 @@ def plot_systems(finished: pd.DataFrame, path: Path) -> Path:
     return path
 
 
-def comparison_markdown(runs: pd.DataFrame, plots: list[Path], out_dir: Path) -> str:
+def comparison_markdown(runs: "pd.DataFrame", plots: list[Path], out_dir: Path) -> str:
     shown = runs[["run", *COLUMNS]].drop(columns="error")
     failed = runs[runs.status != RunStatus.FINISHED]
     parts = ["# Comparison", "", f"{len(runs)} runs, {len(failed)} not finished.", "",
@@ -161,7 +166,7 @@ def comparison_markdown(runs: pd.DataFrame, plots: list[Path], out_dir: Path) ->
     return "\n".join(parts) + "\n"
 
 
-def write_comparison(run_dirs: list[Path], out_dir: Path, base: Path | None = None) -> pd.DataFrame:
+def write_comparison(run_dirs: list[Path], out_dir: Path, base: Path | None = None) -> "pd.DataFrame":
     runs = load_runs(run_dirs, base)
     if runs.empty:
         raise SystemExit("no folders to compare")
@@ -173,7 +178,7 @@ def write_comparison(run_dirs: list[Path], out_dir: Path, base: Path | None = No
     return runs
 
 
-def print_comparison(runs: pd.DataFrame, out_dir: Path) -> None:
+def print_comparison(runs: "pd.DataFrame", out_dir: Path) -> None:
     shown = ["run", "status", "strategy", "workload", "rate", "concurrency", "output_throughput_tps", "ttft_s_p50",
              "padding_waste"]
     print(runs[shown].to_string(index=False, float_format=lambda x: f"{x:.4g}"))

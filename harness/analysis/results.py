@@ -13,8 +13,10 @@ import shutil
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is imported where a table is written: a refused run answers without it
+    import pandas as pd
 
 # What a run writes into its folder; a new run into the folder removes these first (and nothing else).
 RESULT_FILES = ("status.json", "summary.json", "requests.csv", "steps.csv", "requests.parquet", "steps.parquet",
@@ -149,11 +151,11 @@ def write_json(path: Path, data: dict) -> None:
     write_text(path, json.dumps(clean, indent=2) + "\n")
 
 
-def write_csv(path: Path, table: pd.DataFrame) -> None:
+def write_csv(path: Path, table: "pd.DataFrame") -> None:
     write_text(path, table.to_csv(index=False))
 
 
-def write_table(run_dir: Path, name: str, table: pd.DataFrame, fmt: str) -> str:
+def write_table(run_dir: Path, name: str, table: "pd.DataFrame", fmt: str) -> str:
     """`table` as `<name>.csv` or `<name>.parquet` in `run_dir`; returns the file's name."""
     file = f"{name}.{fmt}"
     if fmt == "parquet":

@@ -6,11 +6,14 @@ extrapolated answer instead of an error.
 """
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from harness.sim.costmodel.shape import StepShape
+
+if TYPE_CHECKING:  # pandas is imported where a profile is read: a run without one starts half a second sooner
+    import pandas as pd
 
 COLUMNS = ["layout", "num_tokens", "mean_context", "duration_s"]
 
@@ -30,7 +33,7 @@ class GridInterpolator:
         self.xs, self.ys, self.values = xs, ys, values  # values [len(xs), len(ys)]
 
     @classmethod
-    def from_points(cls, table: pd.DataFrame) -> "GridInterpolator":
+    def from_points(cls, table: "pd.DataFrame") -> "GridInterpolator":
         grid = table.pivot_table(index="num_tokens", columns="mean_context", values="duration_s", aggfunc="median")
         values = grid.to_numpy(dtype=float)
         values = _fill_missing(values, grid.columns.to_numpy(dtype=float))
@@ -72,7 +75,7 @@ def _fill_missing(values: np.ndarray, ys: np.ndarray) -> np.ndarray:
 
 
 class CalibratedCostModel:
-    def __init__(self, table: pd.DataFrame, step_overhead_s: float = 0.0):
+    def __init__(self, table: "pd.DataFrame", step_overhead_s: float = 0.0):
         missing = set(COLUMNS) - set(table.columns)
         if missing:
             raise ValueError(f"profile table lacks columns {sorted(missing)}")
@@ -95,6 +98,8 @@ class CalibratedCostModel:
             if line.startswith("# ") and ": " in line:
                 key, value = line[2:].split(": ", 1)
                 meta[key] = value
+        import pandas as pd
+
         return cls(pd.read_csv(path, comment="#"), float(meta.get("step_overhead_s", 0.0)))
 
     def overhead(self, shape: StepShape) -> float:
