@@ -115,8 +115,12 @@ def test_a_real_run_beside_a_cpu_hog_says_so_and_a_quiet_one_does_not(tmp_path):
     assert "warning: the machine was not quiet" in done.stderr
     assert "> **Warning**: the machine was not quiet" in report and "## Measurement" in report
 
-    wait_until_quiet()
-    done, summary, report = real_run(tmp_path, "quiet")
+    # On a shared machine a neighbour's burst can spoil one quiet run: the verdict must be clean in one of three.
+    for attempt in range(3):
+        wait_until_quiet()
+        done, summary, report = real_run(tmp_path, f"quiet-{attempt}")
+        if summary["measurement_warning"] is None:
+            break
     assert summary["measurement_warning"] is None, summary["measurement_warning"]
     assert summary["other_cpu_cores"] < OTHER_CORES_TOLERANCE and summary["step_time_spread"] < QUIET_STEP_SPREAD
     assert "warning" not in done.stderr and "a quiet machine: the timings stand" in report
