@@ -281,3 +281,22 @@ def test_each_turn_of_a_conversation_resends_the_conversation_so_far():
 def test_bad_conversation_configs_are_named(overrides, message):
     with pytest.raises(WorkloadError, match=message):
         build_workload(workload_cfg("conversation", **overrides), vocab_size=1000)
+
+
+def test_sharegpts_own_conversations_replay_turn_by_turn_with_their_own_answers():
+    cfg = workload_cfg("sharegpt_chat", path=str(ROOT / "tests" / "fixtures" / "sharegpt_chat.json"),
+                       num_requests=10)
+    workload = build_workload(cfg, vocab_size=1000)
+    requests = workload.requests
+    assert len(requests) == 5  # 3 + 2 turns: a conversation ends at its first message without an answer
+    assert workload.info["dropped"] == {"no human message with an answer": 2}
+    assert "asked for 10 turns" in workload.info["note"]
+    for turn in requests:
+        if turn.follows is not None:
+            before = requests[turn.follows]
+            assert turn.prompt_ids[:before.prompt_len] == before.prompt_ids  # the conversation so far, resent
+            answer_len = turn.prefix_pieces[len(before.prefix_pieces)][1]
+            assert answer_len == before.max_new_tokens  # the data set's answer, as long as the turn's output
+    assert sorted(r.follows is None for r in requests) == [False, False, False, True, True]
+    with pytest.raises(WorkloadError, match="a ShareGPT file gives the turns and their lengths: leave out turns"):
+        build_workload(workload_cfg("conversation", path="x.json"), vocab_size=1000)

@@ -59,7 +59,7 @@ def build_workload(cfg, vocab_size: int, hf_tokenizer=None, max_model_len: int |
     if not isinstance(cfg, ParsedWorkload):
         cfg = parse_workload(cfg)
     if isinstance(cfg, ConversationWorkload):
-        return build_conversations(cfg, vocab_size, max_model_len, with_ids)
+        return build_conversations(cfg, vocab_size, max_model_len, with_ids, hf_tokenizer)
     n = cfg.num_requests
     rng = np.random.default_rng(cfg.seed)
     rows = _read_source(cfg, n, rng, vocab_size, hf_tokenizer)

@@ -229,13 +229,21 @@ class ConversationWorkload(_Workload):
     answers, little thinking."""
 
     source: Literal["conversation"]
-    turns: LengthSpec  # turns per conversation
-    message_len: LengthSpec  # tokens of each new user message (or tool output)
-    answer_len: LengthSpec  # tokens of each answer: the turn's max_new_tokens
+    # Synthetic conversations: their lengths' distributions. Or ShareGPT's own, from `path`.
+    turns: LengthSpec | None = None  # turns per conversation
+    message_len: LengthSpec | None = None  # tokens of each new user message (or tool output)
+    answer_len: LengthSpec | None = None  # tokens of each answer: the turn's max_new_tokens
+    path: str | None = None  # a ShareGPT JSON file: its conversations, turn by turn, with their own answers
     think_s: NonNegative = 0.0  # between an answer and the next message
 
     @model_validator(mode="after")
-    def _no_clamps(self):
+    def _one_source(self):
+        given = [key for key in ("turns", "message_len", "answer_len") if getattr(self, key) is not None]
+        if self.path and given:
+            raise ValueError(f"a ShareGPT file gives the turns and their lengths: leave out {', '.join(given)}")
+        if not self.path and len(given) < 3:
+            raise ValueError(f"workload={self.name} needs workload.path=<a ShareGPT JSON file>, or turns, "
+                             "message_len and answer_len (synthetic conversations)")
         if self.max_prompt_len is not None or self.max_output_len is not None:
             raise ValueError("max_prompt_len and max_output_len would cut a conversation's history: limit "
                              "message_len, answer_len or turns instead")
