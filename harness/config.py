@@ -89,7 +89,7 @@ class SimRunnerConfig(Strict):
     calibration: str | None = None  # a YAML from `python -m harness.sim.calibrate`: its figures replace these
     replicas: Count = 1
     router: Literal[ROUTER_NAMES] = "round_robin"
-    router_load_weight: Annotated[Number, Field(ge=0)] = 0.5  # prefix_aware: load against cached prefix
+    router_load_weight: Annotated[Number, Field(ge=0)] = 0.5  # prefix_aware: load against cached prefix (sim.yaml)
 
     @model_validator(mode="after")
     def _one_cost_model(self):

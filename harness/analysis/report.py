@@ -59,7 +59,7 @@ def prefix_line(s: dict) -> str:
     if s.get("prefix_caching") is False:
         return "off"
     rate = s.get("prefix_hit_rate_tokens")
-    if rate is None or rate != rate:
+    if rate is None:
         server = s.get("server_prefix_cache_hit_rate")
         return "n/a" if server is None else f"{server:.1%} of prompt tokens hit (the server's count)"
     evictions = s.get("num_prefix_evictions")
@@ -129,7 +129,7 @@ def _composition(steps: pd.DataFrame | None, summary: dict, tables: list[str]) -
 def _prefix_cache(summary: dict) -> list[str]:
     """What the prefix cache saved: nothing when it was off or no request's cached tokens are known."""
     rate = summary.get("prefix_hit_rate_tokens")
-    if summary.get("prefix_caching") is False or rate is None or rate != rate:
+    if summary.get("prefix_caching") is False or rate is None:
         return []
     lines = ["## Prefix cache", "",
              "Prompt blocks already computed (a shared system prompt, a conversation's earlier turns, a trace's "

@@ -95,7 +95,8 @@ class Engine:
                                f"{len(self.running)} running requests: a scheduler bug, not a workload problem")
         self._apply_queue_changes(plan)
         num_prefill = sum(c.num_tokens for c in plan.chunks if not c.is_decode)  # before tokens are added
-        entering = [c for c in plan.chunks if c.request in plan.admitted]
+        admitted = {r.request_id for r in plan.admitted}  # a set: a step may admit hundreds beside a thousand rows
+        entering = [c for c in plan.chunks if c.request.request_id in admitted]
         num_lookup = sum(c.request.num_tokens for c in entering)
         result = self.runner.execute(plan)
         kv_used = self.allocator.num_used_blocks  # before finished requests give their blocks back

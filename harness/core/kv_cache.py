@@ -116,10 +116,14 @@ class BlockAllocator(CachePool):
     def num_cached_tokens(self, request: Request) -> int:
         """Leading tokens of `request`, about to enter, whose K/V the cache holds: whole blocks, and never the
         last token (computing it gives the next one)."""
+        return self.cached_tokens_of(self._hashes_of(request), request.num_tokens) if self.prefix else 0
+
+    def cached_tokens_of(self, hashes: list[int], num_tokens: int) -> int:
+        """Leading tokens of a prompt `num_tokens` long whose full blocks `hashes` name, the cache holds (a router
+        asks each replica without the request entering any)."""
         if self.prefix is None:
             return 0
-        limit = (request.num_tokens - 1) // self.block_size
-        return len(self.prefix.match(self._hashes_of(request)[:limit])) * self.block_size
+        return len(self.prefix.match(hashes[:(num_tokens - 1) // self.block_size])) * self.block_size
 
     def allocate(self, request: Request, num_tokens: int, num_cached_tokens: int = 0) -> bool:
         """Grow the request's table to hold `num_tokens` slots; a request entering with `num_cached_tokens` (from

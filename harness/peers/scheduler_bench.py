@@ -25,6 +25,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from harness.analysis.plots import save_figure
 from harness.config import compose_config
 from harness.job import run_job
 from harness.peers.vllm import started_vllm
@@ -84,9 +85,7 @@ def plot(table: pd.DataFrame, path: Path) -> None:
         ax.set_title(label)
         ax.set_xlabel("client concurrency")
     fig.suptitle("Our continuous batching beside vLLM's scheduler (same model, caps, cores; median of rounds)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main() -> None:

@@ -84,8 +84,7 @@ class SimContinuous(SimEngine):
                     break
                 self._admit(request)
                 self.prefilling[request.request_id] = request
-                self._take_cached(request)
-                self._hold(request, needed - self.held.get(request.request_id, 0))
+                self._hold(request, needed - self._take_cached(request))
                 chunks.append((request, cached, num_new))
                 budget -= num_new
                 num_lookup += request.num_tokens

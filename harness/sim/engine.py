@@ -85,13 +85,14 @@ class SimEngine(Engine):
                      (request.num_tokens - 1) // self.allocator.block_size)
         return cached * self.allocator.block_size
 
-    def _take_cached(self, request: Request) -> None:
-        """`request` enters holding its cached prompt blocks again."""
+    def _take_cached(self, request: Request) -> int:
+        """`request` enters holding its cached prompt blocks again; returns how many."""
         count = self.allocator.reclaim(request.request_id)
         if count:
             self.held[request.request_id] = self.held.get(request.request_id, 0) + count
             self.named[request.request_id] = count
             self.num_named_held += count
+        return count
 
     def _join_decoders(self, request: Request, step: int) -> None:
         """`request` (all its tokens but the last cached) decodes from `step` on."""

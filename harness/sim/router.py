@@ -33,13 +33,13 @@ class PrefixAware:
     def __call__(self, engines: list[Engine], spec: RequestSpec) -> Engine:
         block_size = engines[0].allocator.block_size
         request = request_for(spec)
-        hashes = prompt_block_hashes(request, block_size)[:(request.num_tokens - 1) // block_size]
+        hashes = prompt_block_hashes(request, block_size)
         loads = [e.num_outstanding for e in engines]
         mean = sum(loads) / len(loads)
 
         def score(i: int) -> tuple[float, int, int]:
-            prefix = getattr(engines[i].allocator, "prefix", None)  # a simulated engine's shares nothing
-            matched = len(prefix.match(hashes)) * block_size if prefix is not None else 0
+            cached_tokens_of = getattr(engines[i].allocator, "cached_tokens_of", None)  # a simulated engine's: none
+            matched = cached_tokens_of(hashes, request.num_tokens) if cached_tokens_of else 0
             relative_load = (loads[i] - mean) / max(1.0, mean)
             return matched / spec.prompt_len - self.load_weight * relative_load, -loads[i], -i
 
