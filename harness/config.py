@@ -16,6 +16,7 @@ from hydra.core.override_parser.types import ValueType
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from harness.architecture import KV_DTYPES, QUANTIZATIONS
 from harness.model_spec import DTYPE_BYTES, read_model_config
 from strategies.continuous import ORDERS
 from workloads.config import Count, Number, Positive, Seed, Strict, WorkloadConfig, one_line, plain_config
@@ -75,17 +76,27 @@ class SimRunnerConfig(Strict):
     name: Literal["sim"]
     hardware: str | dict | None = None  # roofline: a catalogue name, a YAML file, or the figures inline
     profile: str | None = None  # calibrated
-    compute_efficiency: Fraction | Literal["auto"]  # auto: the hardware file's figure for its GPU class
-    memory_efficiency: Fraction
-    step_overhead_s: Annotated[Number, Field(ge=0, le=10)]
-    seq_overhead_s: Annotated[Number, Field(ge=0, le=1)]
-    token_overhead_s: Annotated[Number, Field(ge=0, le=1)] = 0.0
+    # The serving engine whose host costs and kernels the roofline models: a conf/engine/ name, a file, or figures.
+    engine: str | dict = "vllm-v1"
+    compute_efficiency: Fraction | Literal["auto"] = "auto"  # auto: the hardware class's, scaled by the engine's
+    # Each of these replaces the engine profile's figure; None keeps it.
+    memory_efficiency: Fraction | None = None
+    step_overhead_s: Annotated[Number, Field(ge=0, le=10)] | None = None
+    seq_overhead_s: Annotated[Number, Field(ge=0, le=1)] | None = None
+    token_overhead_s: Annotated[Number, Field(ge=0, le=1)] | None = None
     # Time from a client's send to the engine's queue (HTTP, tokenization): part of every TTFT vllm bench sees.
-    frontend_latency_s: Annotated[Number, Field(ge=0, le=60)]
+    frontend_latency_s: Annotated[Number, Field(ge=0, le=60)] | None = None
     # The front end's serial work per request (one event loop parses, tokenizes and hands requests on one by one):
     # the least time between two requests reaching the engine.
-    frontend_service_s: Annotated[Number, Field(ge=0, le=10)]
-    tensor_parallel: Count = 1  # GPUs of one node behind one engine (weights and KV heads split N ways)
+    frontend_service_s: Annotated[Number, Field(ge=0, le=10)] | None = None
+    async_scheduling: bool | None = None  # the host schedules the next step while the GPU runs this one
+    # A mixture of experts' grouped GEMMs: their share of the dense GEMMs' efficiency with many tokens per expert,
+    # the tokens per expert at which they reach half of it, and the GPU time each touched expert costs a layer.
+    moe_efficiency: Fraction | None = None
+    moe_tokens_half: Annotated[Number, Field(ge=0)] | None = None
+    expert_overhead_s: Annotated[Number, Field(ge=0, le=1e-3)] | None = None
+    tensor_parallel: Count = 1  # GPUs of one node behind one engine (weights and attention heads split N ways)
+    expert_parallel: bool = False  # a mixture's experts spread whole over the tensor-parallel GPUs
     calibration: str | None = None  # a YAML from `python -m harness.sim.calibrate`: its figures replace these
     replicas: Count = 1
     router: Literal[ROUTER_NAMES] = "round_robin"
@@ -105,6 +116,10 @@ class SimRunnerConfig(Strict):
         if self.profile and not Path(self.profile).is_file():
             raise ValueError(f"profile {self.profile!r} does not exist; make one with python -m "
                              "harness.sim.step_profile")
+        if self.hardware:
+            from harness.sim.engine_profile import get_engine
+
+            get_engine(self.engine)  # an unknown name, a missing file or a missing figure: its ValueError
         return self
 
 
@@ -205,6 +220,7 @@ class BuiltModel(Strict):
     name: str
     source: Literal["tiny"]
     seed: Seed = 0
+    quantization: Literal[QUANTIZATIONS] = "auto"  # the layers' weights; auto: the checkpoint's own
     config: ModelShape
 
 
@@ -217,6 +233,7 @@ class DescribedModel(Strict):
     config: ModelShape
     weights: Literal["random"] = "random"
     seed: Seed = 0
+    quantization: Literal[QUANTIZATIONS] = "auto"  # the layers' weights; auto: the checkpoint's own
 
 
 class HubModel(Strict):
@@ -227,6 +244,7 @@ class HubModel(Strict):
     trust_remote_code: bool = False
     weights: Literal["pretrained", "random"] = "pretrained"  # random: its config.json only, nothing downloaded
     seed: Seed = 0
+    quantization: Literal[QUANTIZATIONS] = "auto"  # the layers' weights; auto: the checkpoint's own
 
 
 ModelConfig = Annotated[BuiltModel | DescribedModel | HubModel, Field(discriminator="source")]
@@ -237,6 +255,7 @@ class KVCacheConfig(Strict):
     num_blocks: Literal["auto"] | Count = "auto"
     memory_fraction: Fraction = 0.9
     prefix_caching: bool = True  # reuse cached prompt prefixes, as vLLM's V1 engine does by default
+    dtype: Literal[KV_DTYPES] = "auto"  # the cache's format; auto: the compute dtype (runner=sim takes fp8)
 
 
 class SLOConfig(Strict):
@@ -272,6 +291,15 @@ class RunConfig(Strict):
     def _across_keys(self):
         if self.runner.name == "sim" and self.stop_at_eos:
             raise ValueError("stop_at_eos needs runner=real: a simulation computes no tokens, so sees no EOS")
+        if self.runner.name != "sim" or not self.runner.hardware:
+            formats = {"model.quantization": self.model.quantization, "kv_cache.dtype": self.kv_cache.dtype}
+            named = [f"{key}={value}" for key, value in formats.items() if value != "auto"]
+            if named:
+                raise ValueError(f"{', '.join(named)} is the roofline's (runner=sim runner.hardware=...): this run "
+                                 "computes in the model's own dtype (dtype=)")
+        if self.runner.name == "sim" and self.runner.expert_parallel and self.runner.profile:
+            raise ValueError("runner.expert_parallel is the roofline's (runner.hardware=...), not a calibrated "
+                             "profile's")
         return self
 
 

@@ -19,6 +19,7 @@ from harness.core.replay import replay
 from harness.environment import environment
 from harness.machine_load import MachineLoad, measurement
 from harness.run_parts import configured_replica, device_caps, device_num_blocks, load_workload
+from harness.sim.engine_profile import configured_engine
 from harness.sim.replica import simulated_replicas
 
 log = logging.getLogger(__name__)
@@ -34,12 +35,14 @@ def run_job(raw: DictConfig, run_dir: Path) -> dict:
     build = _real_replicas if cfg.runner.name == "real" else simulated_replicas
     replicas, route, workload, device, dtype = build(cfg)
     load = _machine_load(cfg)
+    # A simulated engine's requests pass its front end first; a real run's are the engine's at once.
+    engine = configured_engine(cfg.runner) if cfg.runner.name == "sim" else None
     try:
         with load or contextlib.nullcontext():
             replay(replicas, workload.requests, route, progress=cfg.progress, desc=cfg.strategy.name,
                    max_concurrency=cfg.workload.max_concurrency,
-                   frontend_latency_s=getattr(cfg.runner, "frontend_latency_s", 0.0),
-                   frontend_service_s=getattr(cfg.runner, "frontend_service_s", 0.0))
+                   frontend_latency_s=engine.frontend_latency_s if engine else 0.0,
+                   frontend_service_s=engine.frontend_service_s if engine else 0.0)
     except RunInterrupted as stop:
         interrupted = stop  # write what was measured, marked partial, then let the entry point say so
     else:

@@ -1,12 +1,10 @@
-"""A model without its weights: its config, its shape (`Architecture`: what the KV cache, the roofline and the
-real runner's cache tensors need) and its tokenizer.
+"""A model without its weights: its config and its tokenizer (its shape is `harness.architecture.Architecture`).
 
 Read from a transformers config — a `config.json` mapping or a `PretrainedConfig` — without importing the model
 code, so a simulated run never pays for it.
 """
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from workloads.config import plain_config
@@ -14,103 +12,6 @@ from workloads.config import plain_config
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 MODEL_SOURCES = ("tiny", "config", "hf")  # built here with random weights, described only, or loaded
 MODEL_CATALOGUE = Path(__file__).resolve().parents[1] / "conf" / "model"
-
-
-def config_value(config, key: str, default=None):
-    """`key` of a config given as a mapping (config.json) or as an object (a transformers config)."""
-    if isinstance(config, dict):
-        value = config.get(key, default)
-    else:
-        value = getattr(config, key, default)
-    return default if value is None else value
-
-
-@dataclass(frozen=True)
-class Architecture:
-    num_layers: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    bytes_per_param: int
-    tie_word_embeddings: bool = False  # one table serves as input embedding and LM head
-    # A mixture of experts (Mixtral's `num_local_experts`, Qwen's `num_experts`): each layer's MLP is one of
-    # `num_experts` gated MLPs of `intermediate_size` (Qwen's `moe_intermediate_size`), `experts_per_token` of
-    # them per token, chosen by a router. 0: a dense MLP.
-    num_experts: int = 0
-    experts_per_token: int = 0
-
-    @classmethod
-    def from_config(cls, config, bytes_per_param: int) -> "Architecture":
-        num_heads = config_value(config, "num_attention_heads")
-        hidden = config_value(config, "hidden_size")
-        # A Qwen-style MoE gives its experts their own size; Mixtral's experts are `intermediate_size` wide.
-        expert_size = config_value(config, "moe_intermediate_size", None)
-        return cls(
-            num_layers=config_value(config, "num_hidden_layers"), hidden_size=hidden,
-            intermediate_size=expert_size or config_value(config, "intermediate_size"), num_heads=num_heads,
-            num_kv_heads=config_value(config, "num_key_value_heads", num_heads),
-            # Most configs name head_dim only when it differs from hidden_size / heads.
-            head_dim=config_value(config, "head_dim", hidden // num_heads),
-            vocab_size=config_value(config, "vocab_size"), bytes_per_param=bytes_per_param,
-            tie_word_embeddings=bool(config_value(config, "tie_word_embeddings", False)),
-            num_experts=config_value(config, "num_local_experts", config_value(config, "num_experts", 0)) or 0,
-            experts_per_token=config_value(config, "num_experts_per_tok", 0) or 0,
-        )
-
-    @property
-    def attention_params(self) -> int:
-        q_out, kv_out = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        return self.hidden_size * (q_out + 2 * kv_out) + q_out * self.hidden_size
-
-    @property
-    def mlp_params(self) -> int:
-        """One gated MLP (gate, up, down): the layer's, or one expert's."""
-        return 3 * self.hidden_size * self.intermediate_size
-
-    @property
-    def router_params(self) -> int:
-        return self.hidden_size * self.num_experts
-
-    @property
-    def layer_params(self) -> int:
-        """Every weight of a layer, each expert included: what memory holds."""
-        return self.attention_params + self.mlp_params * max(self.num_experts, 1) + self.router_params
-
-    @property
-    def active_layer_params(self) -> int:
-        """The weights one token multiplies in a layer: its `experts_per_token` experts, not all of them."""
-        experts = self.experts_per_token if self.num_experts else 1
-        return self.attention_params + self.mlp_params * experts + self.router_params
-
-    def experts_touched(self, num_tokens: int) -> float:
-        """Distinct experts a layer reads for `num_tokens` tokens, each routed to `experts_per_token` of
-        `num_experts` (uniform routing, the load-balancing loss's aim): E (1 - (1 - k/E)^T). 1 for a dense MLP."""
-        if not self.num_experts:
-            return 1.0
-        return self.num_experts * (1 - (1 - self.experts_per_token / self.num_experts) ** num_tokens)
-
-    @property
-    def embedding_params(self) -> int:
-        return self.vocab_size * self.hidden_size
-
-    @property
-    def weight_bytes(self) -> int:
-        """The weights' memory: the layers, the input embedding and (unless tied) the LM head."""
-        embeddings = (1 if self.tie_word_embeddings else 2) * self.embedding_params
-        return (self.num_layers * self.layer_params + embeddings) * self.bytes_per_param
-
-    def weight_bytes_read(self, num_tokens: int) -> float:
-        """What a forward pass over `num_tokens` tokens streams from memory: every layer (of a MoE, the experts its
-        tokens touch) and the LM head. The input embedding is looked up, a few rows per token, never read whole."""
-        layer = self.attention_params + self.mlp_params * self.experts_touched(num_tokens) + self.router_params
-        return (self.num_layers * layer + self.embedding_params) * self.bytes_per_param
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.bytes_per_param
 
 
 def dtype_name(name: str, device_type: str) -> str:

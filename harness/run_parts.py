@@ -4,10 +4,10 @@ device (KV blocks, engine caps), and a replica with the strategy's options. The 
 
 import logging
 
+from harness.architecture import Architecture
 from harness.config import CPU_ENGINE_CAPS, ConfigError, RunConfig
 from harness.core.engine import Engine
 from harness.core.replica import build_replica
-from harness.model_spec import Architecture
 from workloads import build_workload
 
 log = logging.getLogger(__name__)

@@ -13,6 +13,7 @@ from harness.core.replica import build_replica
 from harness.real.model import build_random_model, model_config
 from harness.real.runner import RealRunner
 from harness.sim.costmodel import step_shape
+from harness.sim.engine_profile import EngineProfile
 from workloads import RequestSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +64,7 @@ class StepCost:
     def predict_many(self, shape):
         return self.predict(shape)  # plain arithmetic: elementwise on a shape of arrays
 
-    def overhead(self, shape) -> float:
+    def overhead(self, shape, busy) -> float:
         return self.step_overhead_s
 
 
@@ -90,7 +91,8 @@ class ScriptedRunner:
         for request_id, row in result.logits.items():
             self.logits.setdefault(request_id, []).append(row)
         shape = step_shape(plan)
-        result.duration_s, result.overhead_s = self.cost.predict(shape), self.cost.overhead(shape)
+        busy = self.cost.predict(shape)
+        result.duration_s, result.overhead_s = busy, self.cost.overhead(shape, busy)
         return result
 
 
@@ -126,3 +128,8 @@ def assert_same_records(reference: list, simulated: list) -> None:
 def request_outcome(r) -> tuple:
     return (r.request_id, r.status, r.reject_reason, r.sent_s, r.first_scheduled_s, r.first_token_s, r.finish_s,
             r.num_output_tokens, r.num_preemptions, r.num_cached_tokens)
+
+
+def bare_engine(memory_efficiency: float = 1.0, **figures) -> EngineProfile:
+    """An engine profile with no host costs unless given: the roofline's kernels alone."""
+    return EngineProfile("test", memory_efficiency, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0).overridden(figures)

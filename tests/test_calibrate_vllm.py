@@ -23,7 +23,7 @@ def test_a_sweeps_repeats_keep_their_own_names():
 
 def test_a_repeated_load_is_judged_by_the_median_of_its_repeats():
     runs = load_measured_runs([str(MEASURED / "concurrency-4"), str(MEASURED / "rate-8" / "seed-1")], SETUP)
-    params = default_params(SETUP["hardware"])
+    params = default_params(runs[0])
     table = repeat_table(runs, [simulate(run, params) for run in runs], "held out")
     assert list(table.load) == ["concurrency-4"] and table.repeats[0] == 3  # a load measured once has no row
     repeats = runs[:3]
@@ -38,7 +38,7 @@ def test_a_fit_is_the_same_every_time_and_describes_the_model_and_hardware_once(
     reads = []
     described = calibrate.described_model
     monkeypatch.setattr(calibrate, "described_model", lambda name: reads.append(name) or described(name))
-    start = default_params(SETUP["hardware"])
+    start = default_params(runs[0])
     first, loss = fit(runs, start, max_evaluations=25)
     assert fit(runs, start, max_evaluations=25) == (first, loss)
     assert reads == ["tiny-llama"]  # once for the whole fit, not once a simulation
@@ -49,5 +49,5 @@ def test_the_repeats_of_a_load_are_grouped_by_their_folder_whatever_their_names(
     runs = load_measured_runs([str(MEASURED / "concurrency-2")], SETUP)
     assert [run.name for run in runs] == ["seed-1", "seed-2", "seed-3"]
     assert {run.load for run in runs} == {"concurrency-2"}
-    table = repeat_table(runs, [simulate(run, default_params(SETUP["hardware"])) for run in runs], "held out")
+    table = repeat_table(runs, [simulate(run, default_params(run)) for run in runs], "held out")
     assert list(table.load) == ["concurrency-2"] and table.repeats[0] == 3

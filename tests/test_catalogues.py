@@ -5,13 +5,14 @@ import json
 import pytest
 import yaml
 
+from harness.architecture import Architecture
 from harness.config import compose_config, validate
-from harness.model_spec import Architecture, described_model
+from harness.model_spec import described_model
 from harness.sim.calibrate import default_params, relative_errors, simulate
 from harness.sim.costmodel import RooflineCostModel, build_cost_model
 from harness.sim.costmodel.hardware import CATALOGUE_DIR, DEFAULT_COMPUTE_EFFICIENCY, catalogue, get_hardware
 from harness.sim.measured import MeasuredRunError, load_measured
-from tests.conftest import ROOT
+from tests.conftest import ROOT, bare_engine
 
 PUBLISHED = sorted((ROOT / "tests" / "fixtures" / "published").glob("*.json"))
 # Parameter counts the model cards publish (billions): a wrong number in a config shows here.
@@ -29,7 +30,22 @@ PARAMETERS_B = {
     "qwen2.5-0.5b": 0.49,
     "llama-3.2-1b": 1.24,
     "mixtral-8x7b": 46.7,
+    # 2026's models, each against its model card: Meta's, Qwen's (the Qwen3 technical report, arXiv 2505.09388),
+    # OpenAI's gpt-oss card (arXiv 2508.10925: 116.83B and 20.91B) and DeepSeek-V3's (671B without its MTP module).
+    "llama-3.3-70b": 70.6,
+    "qwen3-8b": 8.2,
+    "qwen3-14b": 14.8,
+    "qwen3-32b": 32.8,
+    "qwen3-30b-a3b": 30.5,
+    "qwen3-235b-a22b": 235.0,
+    "gpt-oss-20b": 20.91,
+    "gpt-oss-120b": 116.83,
+    "deepseek-v3": 671.0,
 }
+# Parameters activated per token, as the cards give them. They round, and they differ on whether the input
+# embedding (a lookup, not a multiply) counts: gpt-oss's card leaves it out (5.13B), Qwen's and DeepSeek's do not say.
+ACTIVE_B = {"mixtral-8x7b": 12.9, "qwen3-30b-a3b": 3.3, "qwen3-235b-a22b": 22.0, "gpt-oss-20b": 3.61,
+            "gpt-oss-120b": 5.13, "deepseek-v3": 37.0}
 
 
 @pytest.mark.parametrize("name", catalogue())
@@ -83,9 +99,11 @@ def test_an_inline_gpu_works_from_the_command_line():
 def test_a_gpu_class_figure_sets_the_compute_efficiency_unless_the_run_gives_one():
     arch = Architecture.from_config(described_model("llama-3.1-8b"), 2)
     a100, h100 = get_hardware("a100-80gb"), get_hardware("h100")
-    assert RooflineCostModel(arch, a100).compute_efficiency == a100.compute_efficiency > DEFAULT_COMPUTE_EFFICIENCY
-    assert RooflineCostModel(arch, h100).compute_efficiency == DEFAULT_COMPUTE_EFFICIENCY
-    assert RooflineCostModel(arch, a100, compute_efficiency=0.6).compute_efficiency == 0.6
+    engine = bare_engine()
+    assert RooflineCostModel(arch, a100, engine).compute_efficiency == a100.compute_efficiency
+    assert a100.compute_efficiency > DEFAULT_COMPUTE_EFFICIENCY
+    assert RooflineCostModel(arch, h100, engine).compute_efficiency == DEFAULT_COMPUTE_EFFICIENCY
+    assert RooflineCostModel(arch, a100, engine, compute_efficiency=0.6).compute_efficiency == 0.6
     chosen = build_cost_model(
         validate(compose_config(["runner=sim", "runner.hardware=a100-80gb", "runner.compute_efficiency=0.6"])).runner,
         arch,
@@ -96,8 +114,14 @@ def test_a_gpu_class_figure_sets_the_compute_efficiency_unless_the_run_gives_one
 @pytest.mark.parametrize("name,billions", PARAMETERS_B.items())
 def test_every_described_model_has_its_published_size(name, billions):
     arch = Architecture.from_config(described_model(name), 2)
-    total = arch.num_layers * arch.layer_params + arch.embedding_params * (1 if arch.tie_word_embeddings else 2)
+    total = arch.num_params
     assert total / 1e9 == pytest.approx(billions, rel=0.015)
+
+
+@pytest.mark.parametrize("name,billions", ACTIVE_B.items())
+def test_every_mixture_activates_what_its_card_says(name, billions):
+    active = Architecture.from_config(described_model(name), 2).num_active_params
+    assert active / 1e9 == pytest.approx(billions, rel=0.1)
 
 
 def test_an_unknown_model_lists_the_catalogue():
@@ -130,7 +154,7 @@ def test_published_runs_are_whole(path):
 def test_the_defaults_reproduce_every_published_run(path):
     """Throughput, TPOT p50 and end-to-end latency within 15%, TTFT p50 within 25%, of what was measured."""
     run = load_measured(path)
-    errors = relative_errors(run, simulate(run, default_params(run.hardware)))
+    errors = relative_errors(run, simulate(run, default_params(run)))
     assert {"output_throughput_tps"} < set(errors)
     for key, error in errors.items():
         assert abs(error) <= (0.25 if key == "ttft_s_p50" else 0.15), (key, f"{error:+.1%}")

@@ -8,14 +8,15 @@ import pandas as pd
 import pytest
 import yaml
 
+from harness.architecture import Architecture
 from harness.config import ConfigError, compose_config, validate
 from harness.job import run_job
-from harness.model_spec import Architecture, described_model
+from harness.model_spec import described_model
 from harness.sim.calibrate import default_params, relative_errors, simulate
 from harness.sim.costmodel import RooflineCostModel, StepShape
 from harness.sim.costmodel.hardware import get_hardware
 from harness.sim.measured import MeasuredRunError, load_measured, load_measured_runs
-from tests.conftest import ROOT
+from tests.conftest import ROOT, bare_engine
 
 MULTI_GPU = sorted((ROOT / "tests" / "fixtures" / "published" / "multi_gpu").glob("*.json"))
 H100 = get_hardware("h100")
@@ -31,8 +32,8 @@ def decode_step(num_seqs: int, context: int) -> StepShape:
 
 
 def test_tensor_parallel_splits_the_work_and_adds_two_allreduces_a_layer():
-    one = RooflineCostModel(arch("llama-3.1-70b"), H100, 0.5, 0.7)
-    four = RooflineCostModel(arch("llama-3.1-70b"), H100, 0.5, 0.7, tensor_parallel=4)
+    one = RooflineCostModel(arch("llama-3.1-70b"), H100, bare_engine(0.7), 0.5)
+    four = RooflineCostModel(arch("llama-3.1-70b"), H100, bare_engine(0.7), 0.5, tensor_parallel=4)
     step = decode_step(64, 1000)
     message = 64 * 8192 * 2  # [T, hidden] in bf16
     expected_allreduce = 2 * 80 * (2 * 3 * 1.5e-6 + 2 * 3 / 4 * message / (0.35 * H100.interconnect_bandwidth / 2))
@@ -45,19 +46,19 @@ def test_an_allreduce_pays_a_latency_for_each_step_of_its_ring():
     step = decode_step(1, 0)
     message = 4096 * 2  # one token's [hidden] in bf16
     for n in (2, 4, 8):
-        costs = RooflineCostModel(arch("llama-3-8b"), H100, 0.5, 0.7, tensor_parallel=n)
+        costs = RooflineCostModel(arch("llama-3-8b"), H100, bare_engine(0.7), 0.5, tensor_parallel=n)
         ring_steps = 2 * (n - 1)  # each hands 1/n of the message on
         expected = 2 * 32 * ring_steps * (1.5e-6 + message / n / (0.35 * H100.interconnect_bandwidth / 2))
         assert costs.allreduce_s(step) == pytest.approx(expected)
 
 
 def test_the_engines_own_time_grows_with_sequences_and_tokens_and_not_with_gpus():
-    costs = [RooflineCostModel(arch("llama-3.1-70b"), H100, 0.5, 0.7, step_overhead_s=1e-3, seq_overhead_s=1e-6,
-                               token_overhead_s=1e-5, tensor_parallel=n) for n in (1, 4)]
+    engine = bare_engine(0.7, step_overhead_s=1e-3, seq_overhead_s=1e-6, token_overhead_s=1e-5)
+    costs = [RooflineCostModel(arch("llama-3.1-70b"), H100, engine, 0.5, tensor_parallel=n) for n in (1, 4)]
     prefill = StepShape(False, 2048, 4, 2048 * 300, 2048, 4)
     for model in costs:
-        assert model.overhead(prefill) == pytest.approx(1e-3 + 4 * 1e-6 + 2048 * 1e-5)
-        assert model.overhead(decode_step(64, 1000)) == pytest.approx(1e-3 + 64 * 1e-6 + 64 * 1e-5)
+        assert model.overhead(prefill, 0.0) == pytest.approx(1e-3 + 4 * 1e-6 + 2048 * 1e-5)
+        assert model.overhead(decode_step(64, 1000), 0.0) == pytest.approx(1e-3 + 64 * 1e-6 + 64 * 1e-5)
 
 
 def test_a_70b_on_one_gpu_is_refused_and_runs_on_four(tmp_path):
@@ -73,7 +74,8 @@ def test_a_70b_on_one_gpu_is_refused_and_runs_on_four(tmp_path):
 def test_a_degree_that_does_not_divide_the_kv_heads_is_refused(tmp_path):
     cfg = compose_config(["runner=sim", "runner.hardware=h100", "model=llama-3.1-70b", "runner.tensor_parallel=3",
                           "progress=false"])
-    with pytest.raises(ConfigError, match="runner.tensor_parallel=3 does not divide the model's 8 KV heads"):
+    with pytest.raises(ConfigError, match="runner.tensor_parallel=3 does not split the model's 64 "
+                                          "attention heads and 8 KV heads evenly"):
         run_job(cfg, tmp_path)
 
 
@@ -82,14 +84,14 @@ def test_a_mixture_of_experts_reads_the_experts_its_tokens_touch():
     assert mixtral.experts_touched(1) == pytest.approx(2)  # one token: its top-2
     assert 7.5 < mixtral.experts_touched(16) < 8 and mixtral.experts_touched(4096) == pytest.approx(8)
     one_token, big_batch = mixtral.weight_bytes_read(1), mixtral.weight_bytes_read(4096)
-    expert = mixtral.num_layers * mixtral.mlp_params * 2
+    expert = mixtral.num_layers * mixtral.expert_params * 2
     assert big_batch - one_token == pytest.approx(6 * expert)  # 6 more experts a layer
-    total = mixtral.num_layers * mixtral.layer_params + 2 * mixtral.embedding_params
-    assert total / 1e9 == pytest.approx(46.7, rel=0.01)  # Mixtral-8x7B's published size
+    assert mixtral.num_params / 1e9 == pytest.approx(46.7, rel=0.01)  # Mixtral-8x7B's published size
+    assert mixtral.num_active_params / 1e9 == pytest.approx(12.9, rel=0.02)  # the card counts the embedding
     # Per token, FLOPs follow the active parameters (12.9B), not the total.
-    costs = RooflineCostModel(mixtral, H100, 0.5, 0.7, tensor_parallel=2)
-    active = mixtral.num_layers * mixtral.active_layer_params
-    assert costs.gemm_flops(decode_step(1, 0)) == pytest.approx(2 * active + 2 * mixtral.embedding_params)
+    costs = RooflineCostModel(mixtral, H100, bare_engine(0.7), 0.5, tensor_parallel=2)
+    assert sum(costs.gemm_flops(decode_step(1, 0))) == pytest.approx(
+        2 * mixtral.active_layer_params + 2 * mixtral.embedding_params)
 
 
 @pytest.mark.parametrize("path", [p for p in MULTI_GPU if "llama" in p.stem], ids=lambda p: p.stem)
@@ -97,7 +99,7 @@ def test_the_defaults_predict_a_dense_tensor_parallel_run(path):
     """Dense models on several H100s (the all-reduce figures were fitted to them, the rest on one GPU): throughput
     and TPOT p50 within 10%; TTFT is not held (README "Several GPUs")."""
     run = load_measured(path)
-    errors = relative_errors(run, simulate(run, default_params(run.hardware)))
+    errors = relative_errors(run, simulate(run, default_params(run)))
     assert abs(errors["output_throughput_tps"]) <= 0.10 and abs(errors["tpot_s_p50"]) <= 0.10, errors
 
 
@@ -128,7 +130,8 @@ def test_calibrate_fits_measured_runs_and_reports_the_held_out(tmp_path):
     written = yaml.safe_load(out.read_text())
     assert set(written["params"]) == {"compute_efficiency", "memory_efficiency", "step_overhead_s",
                                       "seq_overhead_s", "token_overhead_s", "frontend_latency_s",
-                                      "frontend_service_s"}
+                                      "frontend_service_s", "moe_efficiency", "moe_tokens_half",
+                                      "expert_overhead_s"}
     assert written["errors"]["kvcached-h100-qwen3-0.6b-rate-16"]["output_throughput_tps"] == pytest.approx(0,
                                                                                                            abs=0.05)
     assert "held out" in result.stdout and "lambda-h100-mistral-7b-10" in result.stdout
@@ -164,7 +167,7 @@ def test_a_run_folder_is_a_measured_run_the_simulator_reproduces(tmp_path):
                             "results.tables=parquet"]), tmp_path / "run")
     (run,) = load_measured_runs([str(tmp_path)])
     assert (run.hardware, run.model, run.max_concurrency, len(run.requests)) == ("h100", "llama-3.1-8b", 24, 60)
-    predicted = simulate(run, default_params("h100"))
+    predicted = simulate(run, default_params(run))
     for metric, measured in run.metrics.items():
         assert predicted[metric] == pytest.approx(measured, rel=1e-9), metric
     config = (tmp_path / "run" / "config.yaml").read_text()
@@ -190,7 +193,7 @@ def test_ttfts_a_benchmark_counted_as_zero_count_as_zero_in_the_prediction(tmp_p
     path.write_text(json.dumps(data))
     counted = load_measured(path)
     assert counted.zero_ttft_requests == frozenset(range(6))
-    params = default_params("h100")
+    params = default_params(plain)
     assert simulate(plain, params)["ttft_s_p50"] > 0
     assert simulate(counted, params)["ttft_s_p50"] == 0.0  # six of ten at zero
     assert simulate(counted, params)["output_throughput_tps"] == simulate(plain, params)["output_throughput_tps"]

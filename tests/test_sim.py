@@ -7,12 +7,12 @@ from collections import Counter
 import pandas as pd
 import pytest
 
+from harness.architecture import Architecture
 from harness.config import ConfigError, compose_config
 from harness.core.engine import Engine
 from harness.core.replay import replay
 from harness.core.replica import build_replica
 from harness.job import run_job
-from harness.model_spec import Architecture
 from harness.real.runner import RealRunner
 from harness.run_parts import CPU_NUM_BLOCKS
 from harness.sim.costmodel import CalibratedCostModel, RooflineCostModel, StepShape
@@ -22,7 +22,7 @@ from harness.sim.replica import SIMULATED_ENGINES, auto_num_blocks, simulated_en
 from harness.sim.router import ROUTERS
 from harness.sim.runner import SimRunner
 from strategies import RequestStatus
-from tests.conftest import ROOT, ScriptedRunner, StepCost, assert_same_records, make_specs
+from tests.conftest import ROOT, ScriptedRunner, StepCost, assert_same_records, bare_engine, make_specs
 
 LLAMA_7B = Architecture(32, 4096, 11008, 32, 32, 128, 32000, 2)
 
@@ -85,17 +85,19 @@ def test_a_profile_without_both_layouts_is_refused(tmp_path):
 
 
 def test_roofline_decode_is_memory_bound_and_a_big_prefill_compute_bound():
-    model = RooflineCostModel(LLAMA_7B, get_hardware("h100"), compute_efficiency=1.0, memory_efficiency=1.0)
-    decode = StepShape(False, 1, 1, 100, 100, 1)
-    assert model.predict(decode) == pytest.approx(model.bytes(decode) / get_hardware("h100").memory_bandwidth)
+    model = RooflineCostModel(LLAMA_7B, get_hardware("h100"), bare_engine(1.0), compute_efficiency=1.0)
+    decode = StepShape(False, 1, 1, 100, 100, 1, 100)
+    weights_and_kv = LLAMA_7B.weight_bytes_read(1) + model.kv_bytes(decode)
+    assert model.predict(decode) == pytest.approx(weights_and_kv / get_hardware("h100").memory_bandwidth)
     prefill = StepShape(False, 8192, 1, 8192 * 4096, 8192, 1)
-    assert model.predict(prefill) == pytest.approx(model.flops(prefill) / get_hardware("h100").peak_flops)
+    flops = sum(model.gemm_flops(prefill)) + model.attention_flops(prefill)
+    assert model.predict(prefill) == pytest.approx(flops / get_hardware("h100").peak_flops)
     assert 6.7e9 < LLAMA_7B.weight_bytes / 2 < 6.8e9  # Llama-2-7B has 6.74B parameters
     assert LLAMA_7B.kv_bytes_per_token == 2 * 32 * 32 * 128 * 2  # 512 KiB per token in bf16
     expected = int((0.9 * 80e9 - LLAMA_7B.weight_bytes) // (16 * LLAMA_7B.kv_bytes_per_token))
     assert model.num_kv_blocks(16, 0.9) == expected
     with pytest.raises(ValueError, match="do not fit"):
-        RooflineCostModel(LLAMA_7B, get_hardware("l4")).num_kv_blocks(16, 0.5)
+        RooflineCostModel(LLAMA_7B, get_hardware("l4"), bare_engine()).num_kv_blocks(16, 0.5)
 
 
 @pytest.mark.parametrize("strategy,options", [("static", dict(batch_size=3)), ("dynamic", dict(batch_size=3)),
@@ -154,7 +156,8 @@ def test_a_roofline_simulation_of_llama_2_7b_on_an_h100(tmp_path):
     summary = run_job(sim_config("model=llama-2-7b", "runner.hardware=h100", "workload.num_requests=40",
                                  "workload.rate=8", "concurrency=64"), tmp_path)
     assert summary["num_finished"] == 40 and summary["cost_model"] == "RooflineCostModel"
-    assert summary["num_blocks"] == RooflineCostModel(LLAMA_7B, get_hardware("h100")).num_kv_blocks(16, 0.9)
+    costs = RooflineCostModel(LLAMA_7B, get_hardware("h100"), bare_engine())
+    assert summary["num_blocks"] == costs.num_kv_blocks(16, 0.9)
     assert 0.005 < summary["tpot_s_p50"] < 0.05  # a 7B model decodes in milliseconds per token on an H100
     assert (tmp_path / "plots" / "steps.png").exists()
 
@@ -284,9 +287,11 @@ def test_options_the_simulated_engine_does_not_cover_run_step_by_step():
 def test_a_cpu_gets_the_real_cpu_runs_cache_whatever_its_name():
     cpu = Hardware("my laptop", 1e12, 50e9, 16e9, kind="cpu")
     arch = Architecture(4, 256, 688, 8, 2, 32, 8192, 4)
-    assert auto_num_blocks(RooflineCostModel(arch, cpu), 16, 0.9) == CPU_NUM_BLOCKS
+    assert auto_num_blocks(RooflineCostModel(arch, cpu, bare_engine()), 16, 0.9) == CPU_NUM_BLOCKS
     gpu = Hardware("cpu-named accelerator", 1e15, 3e12, 80e9)
-    assert auto_num_blocks(RooflineCostModel(arch, gpu), 16, 0.9) == RooflineCostModel(arch, gpu).num_kv_blocks(16, 0.9)
+    engine = bare_engine()
+    assert auto_num_blocks(RooflineCostModel(arch, gpu, engine), 16, 0.9) == RooflineCostModel(
+        arch, gpu, engine).num_kv_blocks(16, 0.9)
 
 
 def test_a_big_run_writes_parquet_tables_and_may_summarise_its_steps(tmp_path):

@@ -16,12 +16,13 @@ from omegaconf import DictConfig
 from harness.analysis import metrics
 from harness.analysis.results import RunInterrupted
 from harness.analysis.run_files import finish_run
+from harness.architecture import Architecture
 from harness.config import ConfigError, RunConfig, server_python
 from harness.core.records import RunRecords
 from harness.core.replay import replay
 from harness.environment import environment
 from harness.machine_load import MachineLoad, measurement
-from harness.model_spec import DTYPE_BYTES, Architecture, dtype_name, load_tokenizer, read_model_config
+from harness.model_spec import DTYPE_BYTES, dtype_name, load_tokenizer, read_model_config
 from harness.peers.live import live_replay
 from harness.peers.server_metrics import SERVER_KEYS
 from harness.run_parts import CPU_NUM_BLOCKS, device_caps, device_num_blocks, load_workload

@@ -6,7 +6,8 @@ import logging
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from harness.model_spec import config_value, dtype_name, load_tokenizer, read_model_config
+from harness.architecture import config_value
+from harness.model_spec import dtype_name, load_tokenizer, read_model_config
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

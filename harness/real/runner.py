@@ -4,9 +4,9 @@ import time
 
 import torch
 
+from harness.architecture import Architecture
 from harness.core.kv_cache import BlockAllocator
 from harness.core.runner import StepResult
-from harness.model_spec import Architecture
 from harness.real.attention import BatchMeta, register_paged_attention
 from strategies import BatchPlan, Request, ScheduledChunk
 

@@ -1,16 +1,17 @@
 """Replay measured runs in the simulator and fit the roofline's free parameters to them.
 
 `simulate` re-runs a measured run's workload on the simulated engine with given parameters; `relative_errors`
-compares it with what was measured; `fit` chooses the parameters (compute and memory efficiency, step and
-per-sequence overhead, front-end latency and serial time per request) that minimise the squared log errors over a
-set of runs. The simulator's defaults were chosen this way from published runs (`tests/fixtures/published/`,
-README "Grounding").
+compares it with what was measured; `fit` chooses the parameters (compute and memory efficiency, step, per-sequence
+and per-token overhead, front-end latency and serial time per request, and with runs of a mixture of experts its
+expert GEMMs' efficiency) that minimise the squared log errors over a set of runs. Each engine profile in
+`conf/engine/` was fitted this way to published runs of that engine (`tests/fixtures/published/`, README
+"Grounding"); a run is replayed with its own engine's profile (`fixture_engine`) as the start.
 """
 
 import argparse
 import functools
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -18,13 +19,14 @@ import pandas as pd
 import yaml
 
 from harness.analysis import metrics
-from harness.config import compose_config
+from harness.architecture import Architecture
 from harness.core.replay import replay
 from harness.core.replica import build_replica
-from harness.model_spec import Architecture, described_model
-from harness.sim.calibration import BOUNDS, RooflineParams
+from harness.model_spec import described_model
+from harness.sim.calibration import BOUNDS, MOE_PARAMS, RooflineParams
 from harness.sim.costmodel import RooflineCostModel
 from harness.sim.costmodel.hardware import get_hardware
+from harness.sim.engine_profile import fixture_engine, get_engine
 from harness.sim.measured import MeasuredRun, MeasuredRunError, load_measured_runs
 from harness.sim.replica import simulated_engine
 from harness.sim.runner import SimRunner
@@ -35,19 +37,26 @@ WEIGHTS = {"output_throughput_tps": 1.0, "tpot_s_p50": 1.0, "e2e_s_mean": 1.0, "
 
 
 @functools.cache
-def _described(model: str, hardware: str):
+def _described(model: str, hardware: str, quantization: str, kv_dtype: str):
     """A run's model and hardware, the same in every simulation of a fit: read (or, for `cpu`, measured) once. A
     measurement taken anew for each trial would also move the loss under the search."""
     config = described_model(model)
-    return config, Architecture.from_config(config, 2), get_hardware(hardware)  # bfloat16
+    return config, Architecture.from_config(config, 2, quantization, kv_dtype), get_hardware(hardware)  # bfloat16
+
+
+def run_architecture(run: MeasuredRun) -> Architecture:
+    """The model a run served, in the formats it served it in."""
+    return _described(run.model, run.hardware, run.quantization, run.kv_cache_dtype)[1]
 
 
 def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
-    """The run's summary as the simulator predicts it with `params`."""
-    config, arch, hardware = _described(run.model, run.hardware)
-    costs = RooflineCostModel(arch, hardware, params.compute_efficiency, params.memory_efficiency,
-                              params.step_overhead_s, params.seq_overhead_s, run.tensor_parallel,
-                              params.token_overhead_s)
+    """The run's summary as the simulator predicts it with `params` (its engine's profile, the figures replaced)."""
+    config, arch, hardware = _described(run.model, run.hardware, run.quantization, run.kv_cache_dtype)
+    engine = get_engine(fixture_engine(run.setup)).overridden(asdict(params))
+    if "async_scheduling" in run.setup:
+        engine = engine.overridden({"async_scheduling": bool(run.setup["async_scheduling"])})
+    costs = RooflineCostModel(arch, hardware, engine, params.compute_efficiency, run.tensor_parallel,
+                              run.expert_parallel)
     default_seqs, default_tokens = hardware.serving_defaults
     options = {
         "max_num_seqs": run.max_num_seqs or default_seqs,
@@ -108,15 +117,19 @@ def loss(runs: list[MeasuredRun], params: RooflineParams) -> float:
 
 def fit(runs: list[MeasuredRun], start: RooflineParams, max_evaluations: int = 400) -> tuple[RooflineParams, float]:
     """The parameters that best reproduce `runs`, and their loss: a bounded Powell search from `start`, in
-    coordinates scaled to each parameter's range (an efficiency and a per-sequence overhead differ by 10^4)."""
+    coordinates scaled to each parameter's range (an efficiency and a per-sequence overhead differ by 10^4). The
+    expert GEMMs' figures are searched only when some run served a mixture of experts."""
     from scipy.optimize import minimize
 
-    low, high = (np.array([b[i] for b in asdict(BOUNDS).values()]) for i in (0, 1))
+    names = [name for name in asdict(BOUNDS) if name not in MOE_PARAMS
+             or any(run_architecture(run).num_experts for run in runs)]
+    low, high = (np.array([getattr(BOUNDS, name)[i] for name in names]) for i in (0, 1))
 
     def params(x: np.ndarray) -> RooflineParams:
-        return RooflineParams(*[float(v) for v in low + np.clip(x, 0.0, 1.0) * (high - low)])
+        values = low + np.clip(x, 0.0, 1.0) * (high - low)
+        return replace(start, **{name: float(v) for name, v in zip(names, values)})
 
-    x0 = (np.array(list(asdict(start).values())) - low) / (high - low)
+    x0 = (np.array([getattr(start, name) for name in names]) - low) / (high - low)
     result = minimize(
         lambda x: loss(runs, params(x)),
         np.clip(x0, 0.0, 1.0),
@@ -127,14 +140,12 @@ def fit(runs: list[MeasuredRun], start: RooflineParams, max_evaluations: int = 4
     return params(result.x), float(result.fun)
 
 
-def default_params(hardware: str) -> RooflineParams:
-    """The simulator's defaults (`conf/runner/sim.yaml`), with `hardware`'s compute efficiency."""
-    runner = compose_config(["runner=sim"]).runner
-    efficiency = runner.compute_efficiency
-    return RooflineParams(get_hardware(hardware).compute_efficiency if efficiency == "auto" else efficiency,
-                          runner.memory_efficiency, runner.step_overhead_s, runner.seq_overhead_s,
-                          runner.token_overhead_s,
-                          runner.frontend_latency_s, runner.frontend_service_s)
+def default_params(run: MeasuredRun) -> RooflineParams:
+    """The figures the simulator replays `run` with by default: its engine's profile (`conf/engine/`), with the
+    hardware class's compute efficiency scaled by the engine's."""
+    engine = get_engine(fixture_engine(run.setup))
+    figures = {name: getattr(engine, name) for name in asdict(BOUNDS) if name != "compute_efficiency"}
+    return RooflineParams(get_hardware(run.hardware).compute_efficiency * engine.compute_scale, **figures)
 
 
 def error_table(runs: list[MeasuredRun], predicted: list[dict], role: str) -> pd.DataFrame:
@@ -181,7 +192,7 @@ def main() -> None:
         fitted, held_out = load_measured_runs(args.runs, setup), load_measured_runs(args.hold_out, setup)
     except MeasuredRunError as e:
         raise SystemExit(f"error: {e}") from None
-    start = default_params(fitted[0].hardware)
+    start = default_params(fitted[0])
     params, value = fit(fitted, start, args.evaluations)
     roles = [(fitted, "fitted"), (held_out, "held out")]
     predicted = [[simulate(run, params) for run in runs] for runs, _ in roles]  # once each, for both tables

@@ -16,6 +16,9 @@ class RooflineParams:
     token_overhead_s: float
     frontend_latency_s: float
     frontend_service_s: float
+    moe_efficiency: float = 1.0
+    moe_tokens_half: float = 0.0
+    expert_overhead_s: float = 0.0
 
 
 # The range each parameter may take: physical limits, wide enough for any engine we have seen.
@@ -27,7 +30,12 @@ BOUNDS = RooflineParams(
     token_overhead_s=(0.0, 5e-5),
     frontend_latency_s=(0.0, 0.1),
     frontend_service_s=(0.0, 0.02),
+    moe_efficiency=(0.05, 1.0),
+    moe_tokens_half=(0.0, 256.0),
+    expert_overhead_s=(0.0, 2e-5),
 )
+# Fitted only where a fit has runs of a mixture of experts: dense runs do not pin them.
+MOE_PARAMS = ("moe_efficiency", "moe_tokens_half", "expert_overhead_s")
 
 
 def load_calibration(path: str | Path) -> dict:
@@ -38,8 +46,9 @@ def load_calibration(path: str | Path) -> dict:
         raise ValueError(f"runner.calibration: cannot read {str(path)!r}: {e}") from None
     figures = data.get("params") if isinstance(data, dict) else None
     if isinstance(figures, dict):
-        # Files fitted before the per-token overhead existed were fitted without one.
-        figures = {"token_overhead_s": 0.0} | figures
+        # Files fitted before the per-token overhead and the MoE figures existed were fitted without them.
+        figures = {"token_overhead_s": 0.0, "moe_efficiency": 1.0, "moe_tokens_half": 0.0,
+                   "expert_overhead_s": 0.0} | figures
     if not isinstance(figures, dict) or set(figures) != set(asdict(BOUNDS)):
         raise ValueError(f"runner.calibration: {str(path)!r} is not a file written by python -m "
                          f"harness.sim.calibrate (its params must be {', '.join(asdict(BOUNDS))})")

@@ -95,7 +95,7 @@ class SimContinuous(SimEngine):
             self.waiting.appendleft(victim)
 
         num_decode = len(self.decoders)  # those a prefill preempted are gone
-        keys = self.decoders.keys_read(step)
+        keys = decode_pairs = self.decoders.keys_read(step)
         pairs, num_prefill, num_sampled = keys, 0, num_decode
         for request, start, num_new in chunks:
             self._name(request, start + num_new)
@@ -106,7 +106,7 @@ class SimContinuous(SimEngine):
             num_prefill += num_new
             num_sampled += start + num_new == request.num_tokens
         rows = num_decode + len(chunks)
-        shape = StepShape(False, num_decode + num_prefill, rows, pairs, keys, num_sampled)
+        shape = StepShape(False, num_decode + num_prefill, rows, pairs, keys, num_sampled, decode_pairs)
         end_s = self._record(step, shape, num_prefill=num_prefill, num_decode=num_decode, row_width=0,
                              num_preempted=len(preempted), num_seqs=rows, num_lookup=num_lookup, num_cached=num_cached)
 
@@ -146,7 +146,7 @@ class SimContinuous(SimEngine):
         n = len(decoders)
         keys = decoders.sum_base + n * (step + 1 + np.arange(num_steps))  # [N] one more key a decoder a step
         evicted = np.maximum(0, taken - (self.allocator.num_free_blocks - self.allocator.num_evictable_blocks))  # [N]
-        ran = self._run_steps(step, arrivals, StepShape(False, n, n, keys, keys, n), num_decode=n, num_padding=0,
+        ran = self._run_steps(step, arrivals, StepShape(False, n, n, keys, keys, n, keys), num_decode=n, num_padding=0,
                               row_width=0, kv_used_blocks=self.allocator.num_used_blocks + taken[:num_steps],
                               kv_cached_blocks=self.num_cached_blocks - evicted[:num_steps])
         self.allocator.take(int(taken[ran - 1]))

@@ -141,7 +141,7 @@ class SimEngine(Engine):
                 num_preempted: int = 0, num_seqs: int, num_lookup: int = 0, num_cached: int = 0) -> float:
         """Time the step from its shape, record it, and move the clock; returns the step's end."""
         busy = self.runner.cost_model.predict(shape)
-        duration = busy + self.runner.cost_model.overhead(shape)
+        duration = busy + self.runner.cost_model.overhead(shape, busy)
         self.records.steps.append(
             step=step, start_s=self.clock, duration_s=duration, busy_s=busy, num_prefill_tokens=num_prefill,
             num_decode_tokens=num_decode, num_padding_tokens=shape.num_tokens - num_prefill - num_decode,
@@ -179,7 +179,7 @@ class SimEngine(Engine):
         another replica's clock, or an arrival another replica may get (the replay loop routes it first) or this
         one would admit (`_may_admit`); arrivals before that are queued (a lone replica takes them itself)."""
         busy = self.runner.cost_model.predict_many(shape)  # [N]
-        duration = busy + self.runner.cost_model.overhead(shape)
+        duration = busy + self.runner.cost_model.overhead(shape, busy)
         ends = np.cumsum(np.concatenate(([self.clock], duration)))[1:]  # the clock, added to step by step
         starts = np.concatenate(([self.clock], ends[:-1]))
         n = min(len(busy), int(np.searchsorted(starts, arrivals.horizon_s)))  # another replica steps first

@@ -86,7 +86,7 @@ def measured_fidelity(paths: list[str], calibration: Path | None, out: Path,
     runs = load_measured_runs(paths, setup)
     rows = []
     for run in runs:
-        params = RooflineParams(**load_calibration(calibration)) if calibration else default_params(run.hardware)
+        params = RooflineParams(**load_calibration(calibration)) if calibration else default_params(run)
         predicted = simulate(run, params)
         rows += [{"run": run.name, "metric": metric, "measured": measured, "predicted": predicted[metric],
                   "error": (predicted[metric] - measured) / measured} for metric, measured in run.metrics.items()]

@@ -64,6 +64,19 @@ class MeasuredRun:
     # (`concurrency-4/seed-1`, `-2`, ...) share it. None for a run given by itself.
     load: str | None = None
 
+    @property
+    def quantization(self) -> str:
+        """The weights' format it served (`setup.quantization`: bf16, fp8, fp4; auto: the checkpoint's own)."""
+        return str(self.setup.get("quantization", "auto"))
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        return str(self.setup.get("kv_cache_dtype", "auto"))
+
+    @property
+    def expert_parallel(self) -> bool:
+        return bool(self.setup.get("expert_parallel", False))
+
 
 def load_measured(path: str | Path, seed: int = 0) -> MeasuredRun:
     """A vllm bench result JSON with its `setup` block. vllm bench does not save arrival times: at a finite rate
@@ -133,6 +146,12 @@ def _lengths(data: dict, setup: dict, path: Path) -> tuple[list[int], list[int]]
     if "input_lens" in data and "output_lens" in data:
         return data["input_lens"], data["output_lens"]
     n = data.get("num_prompts") or data.get("completed")
+    how = setup.get("lengths")
+    if n and how in ("totals", "sharegpt_profile"):
+        if not data.get("total_input_tokens") or not data.get("total_output_tokens"):
+            raise MeasuredRunError(f"measured run {str(path)!r}: setup.lengths={how} needs total_input_tokens and "
+                                   "total_output_tokens")
+        return _lengths_from_totals(int(n), int(data["total_input_tokens"]), int(data["total_output_tokens"]), how)
     if n and "random_input_len" in setup and "random_output_len" in setup:
         if setup.get("random_range_ratio", 0.0):
             raise MeasuredRunError(
@@ -143,8 +162,38 @@ def _lengths(data: dict, setup: dict, path: Path) -> tuple[list[int], list[int]]
     raise MeasuredRunError(
         f"measured run {str(path)!r} does not say its requests' lengths: save it with vllm bench "
         "--save-detailed (input_lens, output_lens), or give setup.random_input_len and "
-        "random_output_len with num_prompts"
+        "random_output_len with num_prompts, or setup.lengths (totals, sharegpt_profile) with the token totals"
     )
+
+
+def _lengths_from_totals(n: int, total_input: int, total_output: int, how: str) -> tuple[list[int], list[int]]:
+    """Per-request lengths for a published run that gives only its token totals (a `vllm bench` printout): the
+    totals spread evenly (`totals`: a random dataset of fixed lengths, whose outputs may stop early), or ShareGPT's
+    embedded length profile drawn with a fixed seed and scaled to the totals (`sharegpt_profile`: vllm bench's
+    sharegpt dataset). Either keeps the work the run did; only the spread between requests is this project's."""
+    if how == "totals":
+        return _spread(total_input, n), _spread(total_output, n)
+    from workloads import build_workload
+
+    cfg = {"name": "sharegpt", "source": "sharegpt", "num_requests": n, "seed": 0, "arrival": "offline"}
+    specs = build_workload(cfg, 32000, None, 1 << 20, with_ids=False).requests
+    prompts = np.array([s.prompt_len for s in specs], dtype=float)
+    outputs = np.array([s.max_new_tokens for s in specs], dtype=float)
+    return _scaled(prompts, total_input), _scaled(outputs, total_output)
+
+
+def _spread(total: int, n: int) -> list[int]:
+    return [total // n + (i < total % n) for i in range(n)]
+
+
+def _scaled(lengths: np.ndarray, total: int) -> list[int]:
+    """`lengths` scaled to sum to `total`, each at least 1, rounded so the sum is exact."""
+    scaled = np.maximum(lengths * total / lengths.sum(), 1.0)
+    rounded = np.floor(scaled).astype(int)
+    short = total - int(rounded.sum())
+    order = np.argsort(rounded - scaled)  # the most rounded down first
+    rounded[order[:max(short, 0)]] += 1
+    return rounded.tolist()
 
 
 def _arrivals(data: dict, n: int, seed: int) -> np.ndarray:

@@ -26,7 +26,8 @@ class SimPadded(SimEngine):
             request.first_scheduled_s = self.clock
             request.num_cached_tokens = 0  # nothing shared, nothing preempted: no prefix to find
             self._name(request, request.num_prompt_tokens)
-        shape = StepShape(True, rows * width, rows, rows * width * longest, rows * longest, rows)
+        pairs = rows * width * longest
+        shape = StepShape(True, rows * width, rows, pairs, rows * longest, rows, pairs if width == 1 else 0)
         end_s = self._record(step, shape, num_prefill=num_prefill, num_decode=num_decode, row_width=width,
                              num_seqs=num_decode + len(admitted), num_lookup=sum(r.num_tokens for r in admitted))
         self._decoded(end_s)
@@ -50,7 +51,7 @@ class SimPadded(SimEngine):
         num_live = len(self.decoders)
         num_steps = self.decoders.next_finish() - step + 1
         keys = rows * (self.decoders.longest_row(step) + np.arange(num_steps))  # [N] the longest row grows
-        ran = self._run_steps(step, arrivals, StepShape(True, rows, rows, keys, keys, rows), num_decode=num_live,
+        ran = self._run_steps(step, arrivals, StepShape(True, rows, rows, keys, keys, rows, keys), num_decode=num_live,
                               num_padding=rows - num_live, row_width=1, kv_used_blocks=self.allocator.num_used_blocks,
                               kv_cached_blocks=self.num_cached_blocks)
         self._finished(self.decoders.finishing(step + ran - 1), self.clock)

@@ -3,10 +3,11 @@ one where the simulated engine does not cover the strategy's options), and the r
 
 from functools import partial
 
+from harness.architecture import Architecture
 from harness.config import CPU_ENGINE_CAPS, ConfigError, RunConfig
 from harness.core.engine import Engine
 from harness.core.kv_cache import BlockAllocator
-from harness.model_spec import DTYPE_BYTES, Architecture, dtype_name, load_tokenizer, read_model_config
+from harness.model_spec import DTYPE_BYTES, dtype_name, load_tokenizer, read_model_config
 from harness.run_parts import CPU_NUM_BLOCKS, configured_replica, load_workload
 from harness.sim.continuous import SimContinuous
 from harness.sim.costmodel import build_cost_model
@@ -38,7 +39,8 @@ def simulated_replicas(cfg: RunConfig):
     accelerated = cfg.runner.hardware not in (None, "cpu")
     dtype = dtype_name(cfg.dtype, "cuda" if accelerated else "cpu")
     try:
-        costs = build_cost_model(cfg.runner, Architecture.from_config(config, DTYPE_BYTES[dtype]))
+        arch = Architecture.from_config(config, DTYPE_BYTES[dtype], cfg.model.quantization, cfg.kv_cache.dtype)
+        costs = build_cost_model(cfg.runner, arch)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     tokenizer = load_tokenizer(cfg.model)

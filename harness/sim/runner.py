@@ -16,5 +16,5 @@ class SimRunner:
     def execute(self, plan: BatchPlan) -> StepResult:
         sampled = {c.request.request_id: self.placeholder_token for c in plan.chunks if c.samples}
         shape = step_shape(plan)
-        return StepResult(sampled=sampled, duration_s=self.cost_model.predict(shape),
-                          overhead_s=self.cost_model.overhead(shape))
+        busy = self.cost_model.predict(shape)
+        return StepResult(sampled=sampled, duration_s=busy, overhead_s=self.cost_model.overhead(shape, busy))

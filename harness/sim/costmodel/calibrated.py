@@ -102,8 +102,9 @@ class CalibratedCostModel:
 
         return cls(pd.read_csv(path, comment="#"), float(meta.get("step_overhead_s", 0.0)))
 
-    def overhead(self, shape: StepShape) -> float:
-        """The engine's own seconds per step, as the profile measured it on this machine."""
+    def overhead(self, shape: StepShape, busy) -> float:
+        """The engine's own seconds per step, as the profile measured it on this machine (the runner here schedules
+        and runs one step after the other: nothing overlaps)."""
         return self.step_overhead_s
 
     def predict(self, shape: StepShape) -> float:

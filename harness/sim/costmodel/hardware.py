@@ -33,6 +33,10 @@ class HardwareSpec(Strict):
     memory_bandwidth_gbps: Annotated[float, Field(gt=0)]
     memory_gb: Annotated[float, Field(gt=0)]
     interconnect_gbps: Annotated[float, Field(gt=0)]  # GPU-to-GPU in its usual node, both directions together
+    # Dense tensor-core peaks of the narrower formats, where the GPU has them (FP8 on Hopper, Ada, Blackwell and
+    # MI300-class; FP4 on Blackwell and MI355X). A GPU without one runs that format's weights widened to BF16.
+    fp8_tflops: Annotated[float, Field(gt=0)] | None = None
+    fp4_tflops: Annotated[float, Field(gt=0)] | None = None
     # Share of peak FLOP/s a serving engine reaches on this GPU class, where measured runs say; else the default.
     compute_efficiency: Annotated[float, Field(gt=0, le=1)] = DEFAULT_COMPUTE_EFFICIENCY
 
@@ -46,11 +50,25 @@ class Hardware:
     kind: str = "gpu"  # gpu: its memory sizes the KV cache; cpu: a CPU run's fixed cache, as the real runner's
     interconnect_bandwidth: float = 0.0  # bytes/s between two GPUs of a node, both directions together
     compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY  # share of peak_flops a serving engine reaches
+    fp8_flops: float | None = None  # FP/s of the FP8 tensor cores; None: none
+    fp4_flops: float | None = None
 
     @classmethod
     def from_spec(cls, spec: HardwareSpec) -> "Hardware":
         return cls(spec.name, spec.bf16_tflops * 1e12, spec.memory_bandwidth_gbps * GB, spec.memory_gb * GB,
-                   interconnect_bandwidth=spec.interconnect_gbps * GB, compute_efficiency=spec.compute_efficiency)
+                   interconnect_bandwidth=spec.interconnect_gbps * GB, compute_efficiency=spec.compute_efficiency,
+                   fp8_flops=spec.fp8_tflops and spec.fp8_tflops * 1e12,
+                   fp4_flops=spec.fp4_tflops and spec.fp4_tflops * 1e12)
+
+    def gemm_peak(self, weight_bytes: float) -> float:
+        """The tensor-core peak a GEMM over weights of `weight_bytes` per parameter reaches: its format's, or the
+        next wider format the GPU has (FP8 weights on an A100 and FP4 on a Hopper are widened to BF16 in the
+        kernel: Marlin-style mixed-precision GEMMs). Activations are quantized to match where the GPU can."""
+        if weight_bytes < 1:
+            return self.fp4_flops or self.peak_flops
+        if weight_bytes == 1:
+            return self.fp8_flops or self.peak_flops
+        return self.peak_flops
 
     @property
     def serving_defaults(self) -> tuple[int, int]:
@@ -67,7 +85,7 @@ def serving_defaults(name: str, memory_bytes: float) -> tuple[int, int]:
 
 # How a GPU names itself (torch.cuda.get_device_name) → its catalogue entry, most specific first.
 DEVICE_NAMES = [("h200", "h200"), ("h100 pcie", "h100-pcie"), ("h100", "h100"), ("b200", "b200"), ("l40s", "l40s"),
-                ("l4", "l4"), ("4090", "rtx-4090"), ("mi300x", "mi300x")]
+                ("l4", "l4"), ("4090", "rtx-4090"), ("mi300x", "mi300x"), ("mi355x", "mi355x")]
 
 
 def catalogue_name(device_name: str, memory_bytes: float) -> str | None:

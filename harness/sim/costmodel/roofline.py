@@ -1,32 +1,40 @@
-"""A roofline cost model: a named accelerator and a model architecture give each step's FLOPs and bytes.
+"""A roofline cost model: a named accelerator, a model architecture and a serving engine give each step's time.
 
-A step is two kinds of kernel, each bound by its own compute or its own memory traffic: the GEMMs over the weights
-(every layer and the LM head, for the step's tokens) and attention over the KV cache (the cached keys each query
-reads, and the new K/V written). So
+A step is three kinds of kernel, each bound by its own compute or its own memory traffic, on each GPU's share:
 
-    time = max(gemm FLOPs / (peak * compute_efficiency), weight bytes / (bandwidth * memory_efficiency))
-         + max(attention FLOPs / (peak * compute_efficiency), KV bytes / (bandwidth * memory_efficiency))
+    time = max(dense GEMM FLOPs / (GEMM peak * compute eff.), dense weight bytes / (bandwidth * memory eff.))
+         + max(expert GEMM FLOPs / (GEMM peak * compute eff. * MoE share), expert weight bytes / (...))
+         + max(attention FLOPs / (BF16 peak * compute eff.), KV bytes / (bandwidth * memory eff.))
+         + all-reduces between the GPUs
 
-A mixture of experts reads, per layer, the experts its step's tokens are expected to touch (uniform top-k
-routing over T tokens), and computes only the experts each token is routed to. With `tensor_parallel` N, the GPUs
-of one node split every weight matrix and the KV heads N ways, each computing 1/N of the FLOPs over 1/N of the
-bytes, and two all-reduces per layer (after attention and after the MLP) move the step's activations between them
-over the node's GPU-to-GPU links: a ring all-reduce takes 2 (N-1) steps, each sending 1/N of the message to the
-next GPU, so it costs 2 (N-1) step latencies plus 2 (N-1)/N of the message over the link.
+The GEMM peak is the weights' format's (FP8 or FP4 tensor cores where the GPU has them, see `Hardware.gemm_peak`).
+A mixture of experts reads, per layer, the experts its step's tokens are expected to touch (uniform top-k routing)
+and computes only the experts each token is routed to; grouped expert GEMMs reach a smaller share of peak with fewer
+tokens per expert (`EngineProfile.moe_share`). Attention counts MLA's absorbed and expanded forms
+(`Architecture.attention_flops_per_pair`) and caps a sliding-window layer at its window.
 
-The engine adds its own time per step: `step_overhead_s`, plus `seq_overhead_s` for each sequence in the step
-(scheduling, sampling and output processing are per-request work on the CPU), plus `token_overhead_s` for each
-token (the host builds every token's position and cache slot: work that does not shrink with more GPUs or grow
-with a bigger model, which is why a prefill's time is not its FLOPs alone). Taking one max over the step's
-totals instead would let a compute-bound GEMM hide memory-bound attention, which no kernel does. The architecture
-comes from a transformers config, so a model can be described without ever being loaded.
+With `tensor_parallel` N, the GPUs of one node split every weight matrix and the attention heads N ways, each
+computing 1/N of the FLOPs over 1/N of the weight bytes; the KV cache splits by KV head as far as the heads go (a
+latent cache is held whole by every GPU), and two all-reduces per layer move the step's activations between them
+over the node's links: a ring all-reduce takes 2 (N-1) steps, each sending 1/N of the message to the next GPU. With
+`expert_parallel`, each GPU holds whole experts instead of a slice of every one: the same bytes and FLOPs in total,
+but the busiest GPU's share of the experts a step touches sets the time (a few tokens touch few experts, unevenly).
+Each expert a layer touches also costs the engine's `expert_overhead_s` of GPU time whatever its tokens.
+
+The engine adds its host time per step (`EngineProfile`: fixed, per sequence, per token); with async scheduling
+that work overlaps the GPU's step and only what exceeds it shows. Taking one max over the step's totals instead
+would let a compute-bound GEMM hide memory-bound attention, which no kernel does. The architecture comes from a
+transformers config, so a model can be described without ever being loaded.
 """
+
+import math
 
 import numpy as np
 
-from harness.model_spec import Architecture
+from harness.architecture import Architecture
 from harness.sim.costmodel.hardware import Hardware
 from harness.sim.costmodel.shape import StepShape
+from harness.sim.engine_profile import EngineProfile
 
 # A ring all-reduce over NVLink: a fixed cost per ring step (a hand-off to the next GPU and its wait), and the
 # share of the link's one-way bandwidth it reaches for the messages of a serving step (0.1-40 MB). Both fitted to
@@ -41,43 +49,81 @@ ALLREDUCE_BANDWIDTH_SHARE = 0.35
 
 
 class RooflineCostModel:
-    def __init__(self, arch: Architecture, hardware: Hardware, compute_efficiency: float | None = None,
-                 memory_efficiency: float = 0.7, step_overhead_s: float = 0.0, seq_overhead_s: float = 0.0,
-                 tensor_parallel: int = 1, token_overhead_s: float = 0.0):
-        if arch.num_kv_heads % tensor_parallel:
-            raise ValueError(f"runner.tensor_parallel={tensor_parallel} does not divide the model's "
-                             f"{arch.num_kv_heads} KV heads: each GPU must hold whole heads")
-        self.arch, self.hardware, self.tensor_parallel = arch, hardware, tensor_parallel
-        # None: the share the hardware file gives for its GPU class (see `Hardware.compute_efficiency`).
-        self.compute_efficiency = compute_efficiency or hardware.compute_efficiency
-        self.memory_efficiency = memory_efficiency
-        self.step_overhead_s, self.seq_overhead_s = step_overhead_s, seq_overhead_s
-        self.token_overhead_s = token_overhead_s
+    def __init__(self, arch: Architecture, hardware: Hardware, engine: EngineProfile,
+                 compute_efficiency: float | None = None, tensor_parallel: int = 1, expert_parallel: bool = False):
+        n = tensor_parallel
+        if arch.num_heads % n or (arch.num_kv_heads % n and n % arch.num_kv_heads):
+            raise ValueError(f"runner.tensor_parallel={n} does not split the model's {arch.num_heads} attention heads "
+                             f"and {arch.num_kv_heads} KV heads evenly: each GPU must hold whole heads")
+        if expert_parallel and (not arch.num_experts or arch.num_experts % n):
+            raise ValueError(f"runner.expert_parallel needs a mixture of experts whose experts the "
+                             f"{n} GPUs share evenly; the model has {arch.num_experts}")
+        self.arch, self.hardware, self.engine = arch, hardware, engine
+        self.tensor_parallel, self.expert_parallel = n, expert_parallel
+        # None: the hardware class's share of peak FLOP/s (`Hardware.compute_efficiency`), scaled by the engine's.
+        self.compute_efficiency = compute_efficiency or hardware.compute_efficiency * engine.compute_scale
+        self.memory_efficiency = engine.memory_efficiency
 
-    def overhead(self, shape: StepShape) -> float:
-        """The engine's own seconds for a step: fixed, plus per sequence (rows of a padded rectangle included) and
-        per token (padding included)."""
-        return self.step_overhead_s + self.seq_overhead_s * shape.num_rows + self.token_overhead_s * shape.num_tokens
+    def host_seconds(self, shape: StepShape):
+        """The engine's host work for a step: fixed, plus per sequence (rows of a padded rectangle included) and per
+        token (padding included)."""
+        e = self.engine
+        return e.step_overhead_s + e.seq_overhead_s * shape.num_rows + e.token_overhead_s * shape.num_tokens
 
-    def gemm_flops(self, shape: StepShape) -> float:
+    def overhead(self, shape: StepShape, busy):
+        """What the host adds to a step of `busy` seconds on the GPU: all its work, or with async scheduling (the
+        next step scheduled while the GPU runs this one) only what the GPU's step does not cover."""
+        host = self.host_seconds(shape)
+        return np.maximum(host - busy, 0.0) if self.engine.async_scheduling else host
+
+    def gemm_flops(self, shape: StepShape):
+        """Dense GEMMs (attention projections, dense and shared-expert MLPs, routers, the LM head) and the routed
+        experts' GEMMs, over the step's tokens."""
         a = self.arch
-        return 2 * a.num_layers * a.active_layer_params * shape.num_tokens + 2 * a.embedding_params * shape.num_sampled
+        routed = a.num_moe_layers * a.experts_per_token * a.expert_params
+        dense = 2 * (a.active_layer_params - routed) * shape.num_tokens + 2 * a.embedding_params * shape.num_sampled
+        return dense, 2 * routed * shape.num_tokens
 
-    def attention_flops(self, shape: StepShape) -> float:
+    def attention_flops(self, shape: StepShape):
         a = self.arch
-        return 4 * a.num_layers * a.num_heads * a.head_dim * shape.attention_pairs  # QK^T and PV
+        prefill_pairs = shape.attention_pairs - shape.decode_pairs
+        per_layer = (a.attention_flops_per_pair(decode=False) * prefill_pairs
+                     + a.attention_flops_per_pair(decode=True) * shape.decode_pairs)
+        full = a.num_full_layers * per_layer
+        if not a.num_sliding_layers:
+            return full
+        # A sliding layer's query attends to at most `sliding_window` keys.
+        windowed = np.minimum(1.0, shape.num_tokens * a.sliding_window / np.maximum(shape.attention_pairs, 1))
+        return full + a.num_sliding_layers * per_layer * windowed
 
-    def kv_bytes(self, shape: StepShape) -> float:
-        # Read every cached key and value each query's sequence attends to; write the step's new K/V.
-        return (shape.kv_tokens_read + shape.num_tokens) * self.arch.kv_bytes_per_token
+    def kv_bytes(self, shape: StepShape):
+        """KV bytes the step moves, all GPUs together: every cached key and value each query's sequence attends to
+        (a sliding layer's last `sliding_window`), and the step's new ones."""
+        a = self.arch
+        read = a.kv_bytes_per_token * (shape.kv_tokens_read + shape.num_tokens)
+        if not a.num_sliding_layers:
+            return read
+        sliding = a.num_sliding_layers * a.kv_width * a.kv_element_bytes
+        return read + sliding * (np.minimum(shape.kv_tokens_read, shape.num_rows * a.sliding_window) + shape.num_tokens)
 
-    def flops(self, shape: StepShape) -> float:
-        return self.gemm_flops(shape) + self.attention_flops(shape)
+    def experts_per_gpu(self, num_tokens):
+        """Touched experts the busiest GPU works on, per MoE layer: a slice of every one (tensor parallel), or its own
+        (expert parallel): the mean share plus the spread of a binomial's maximum over N GPUs."""
+        a, n = self.arch, self.tensor_parallel
+        touched = a.experts_touched(num_tokens)
+        if not self.expert_parallel or n == 1:
+            return touched
+        chance = touched / a.num_experts
+        local = a.num_experts / n
+        return local * chance + np.sqrt(local * chance * (1 - chance)) * math.sqrt(2 * math.log(n))
 
-    def bytes(self, shape: StepShape) -> float:
-        return self.arch.weight_bytes_read(shape.num_tokens) + self.kv_bytes(shape)
+    def expert_bytes_per_gpu(self, num_tokens):
+        """The routed experts' bytes the busiest GPU reads: 1/N of every touched expert, or its own whole ones."""
+        a, n = self.arch, self.tensor_parallel
+        per_expert = a.num_moe_layers * a.expert_params * a.expert_format_bytes
+        return self.experts_per_gpu(num_tokens) * per_expert / (1 if self.expert_parallel else n)
 
-    def allreduce_s(self, shape: StepShape) -> float:
+    def allreduce_s(self, shape: StepShape):
         """Two ring all-reduces per layer of the step's activations `[T, hidden]`; none on one GPU."""
         n = self.tensor_parallel
         if n == 1:
@@ -88,33 +134,42 @@ class RooflineCostModel:
         return 2 * self.arch.num_layers * 2 * (n - 1) * (ALLREDUCE_STEP_LATENCY_S + message / n / one_way)
 
     def predict(self, shape: StepShape) -> float:
-        """Seconds inside the model for a step of this shape (the engine's overhead is `step_overhead_s`): each
-        GPU's share of the kernels, and the all-reduces between them."""
-        return self._seconds(shape, max)
+        """Seconds on the GPUs for a step of this shape (the engine's host time is `overhead`): each GPU's share of
+        the kernels, and the all-reduces between them."""
+        return float(self._seconds(shape))
 
     def predict_many(self, shape: StepShape) -> np.ndarray:
         """`predict` for many steps at once: a shape whose fields are arrays, one entry per step."""
-        return self._seconds(shape, np.maximum)
+        return self._seconds(shape)
 
-    def _seconds(self, shape: StepShape, maximum) -> float:
-        n = self.tensor_parallel
-        compute_rate = self.hardware.peak_flops * self.compute_efficiency * n
-        memory_rate = self.hardware.memory_bandwidth * self.memory_efficiency * n
-        gemm = maximum(self.gemm_flops(shape) / compute_rate,
-                       self.arch.weight_bytes_read(shape.num_tokens) / memory_rate)
-        attention = maximum(self.attention_flops(shape) / compute_rate, self.kv_bytes(shape) / memory_rate)
-        return gemm + attention + self.allreduce_s(shape)
+    def _seconds(self, shape: StepShape):
+        a, n = self.arch, self.tensor_parallel
+        compute = self.compute_efficiency * n
+        memory = self.hardware.memory_bandwidth * self.memory_efficiency
+        gemm_peak = self.hardware.gemm_peak(a.weight_format_bytes) * compute
+        dense_flops, expert_flops = self.gemm_flops(shape)
+        seconds = np.maximum(dense_flops / gemm_peak, a.dense_weight_bytes_read() / n / memory)
+        if a.num_experts:
+            expert_peak = self.hardware.gemm_peak(a.expert_format_bytes) * compute
+            per_expert = shape.num_tokens * a.experts_per_token / np.maximum(a.experts_touched(shape.num_tokens), 1e-9)
+            seconds = seconds + np.maximum(expert_flops / (expert_peak * self.engine.moe_share(per_expert)),
+                                           self.expert_bytes_per_gpu(shape.num_tokens) / memory)
+            touched = self.experts_per_gpu(shape.num_tokens)
+            seconds = seconds + a.num_moe_layers * touched * self.engine.expert_overhead_s
+        kv_per_gpu = self.kv_bytes(shape) / a.kv_shards(n)
+        attention = np.maximum(self.attention_flops(shape) / (self.hardware.peak_flops * compute), kv_per_gpu / memory)
+        return seconds + attention + self.allreduce_s(shape)
 
     def num_kv_blocks(self, block_size: int, memory_fraction: float) -> int:
-        """Blocks that fit in the GPUs' memory beside the weights (split N ways, as the KV heads are)."""
-        n, weights = self.tensor_parallel, self.arch.weight_bytes
+        """Blocks that fit in each GPU's memory beside its share of the weights (the cache split as `kv_shards`)."""
+        a, n = self.arch, self.tensor_parallel
         usable = self.hardware.memory_bytes * memory_fraction
-        free = n * usable - weights
-        if free <= 0:
+        if n * usable <= a.weight_bytes:
             gpus = f"{n} x {self.hardware.name}" if n > 1 else self.hardware.name
-            needed = next((k for k in range(n + 1, self.arch.num_kv_heads + 1)
-                           if self.arch.num_kv_heads % k == 0 and k * usable > weights * 1.1), None)
+            needed = next((k for k in (2, 4, 8, 16) if k > n and not a.num_heads % k
+                           and k * usable > a.weight_bytes * 1.1), None)
             hint = f"; runner.tensor_parallel={needed} would hold them" if needed else ""
-            raise ValueError(f"the model's weights ({weights / 1e9:.1f} GB) do not fit in {memory_fraction:.0%} of "
-                             f"{gpus}'s {self.hardware.memory_bytes / 1e9:.0f} GB{hint}")
-        return int(free // (block_size * self.arch.kv_bytes_per_token))
+            raise ValueError(f"the model's weights ({a.weight_bytes / 1e9:.1f} GB) do not fit in "
+                             f"{memory_fraction:.0%} of {gpus}'s {self.hardware.memory_bytes / 1e9:.0f} GB{hint}")
+        # Each token's cache is held by N / shards GPUs (a latent cache by all N).
+        return int((n * usable - a.weight_bytes) // (block_size * a.kv_bytes_per_token * (n // a.kv_shards(n))))

@@ -13,6 +13,7 @@ class StepShape:
     attention_pairs: int  # query-key pairs attention computes: sum q*k (ragged), rows*width*k_max (padded)
     kv_tokens_read: int  # cached tokens read: sum k (ragged), rows*k_max (padded)
     num_sampled: int  # positions that go through the LM head
+    decode_pairs: int = 0  # the query-key pairs of rows computing one token (MLA attends to them differently)
 
     @property
     def mean_context(self) -> float:
@@ -28,12 +29,14 @@ def step_shape(plan: BatchPlan) -> StepShape:
             k_max = max(k_max, chunk.start + chunk.num_tokens)
             num_sampled += chunk.samples
         rows, width = plan.num_rows, plan.row_width
-        return StepShape(True, rows * width, rows, rows * width * k_max, rows * k_max, rows)
-    tokens = pairs = read = 0
+        pairs = rows * width * k_max
+        return StepShape(True, rows * width, rows, pairs, rows * k_max, rows, pairs if width == 1 else 0)
+    tokens = pairs = read = decode = 0
     for chunk in plan.chunks:
         k_len = chunk.start + chunk.num_tokens
         tokens += chunk.num_tokens
         pairs += chunk.num_tokens * k_len
         read += k_len
         num_sampled += chunk.samples
-    return StepShape(False, tokens, len(plan.chunks), pairs, read, num_sampled)
+        decode += k_len if chunk.num_tokens == 1 else 0
+    return StepShape(False, tokens, len(plan.chunks), pairs, read, num_sampled, decode)

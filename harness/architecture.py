@@ -1,0 +1,277 @@
+"""A model's shape, read from its transformers config without loading it: what the KV cache, the roofline and the
+real runner's cache tensors need.
+
+It covers the attention and expert layouts of 2026's open models:
+- attention: multi-head or grouped-query (`num_key_value_heads`), multi-head latent attention (DeepSeek-V3/R1:
+  `kv_lora_rank`, its cache one latent of `kv_lora_rank + qk_rope_head_dim` per token and layer instead of K and V
+  per head), sliding-window layers mixed with full ones (gpt-oss: `layer_types`, `sliding_window`), and attention
+  sinks (a learned logit per head: one parameter per head, no bytes or FLOPs worth counting);
+- the MLP: dense, or a mixture of experts — `num_experts` (Mixtral's `num_local_experts`, DeepSeek's
+  `n_routed_experts`) of `moe_intermediate_size` (Mixtral and gpt-oss: `intermediate_size`), `experts_per_token`
+  chosen per token, `num_shared_experts` every token uses (DeepSeek), and `num_dense_layers` leading layers with a
+  dense MLP (`first_k_dense_replace`);
+- the number formats: the layers' linear weights in bf16, fp8 or fp4 (`model.quantization`; embeddings and the LM
+  head stay in the compute dtype, as FP8 and FP4 checkpoints keep them), the KV cache in its own (`kv_cache.dtype`).
+"""
+
+from dataclasses import dataclass
+
+# Bytes a weight takes in each format. fp4 is MXFP4 (OCP microscaling): 4-bit elements with one 8-bit scale per 32,
+# 4.25 bits; fp8's per-block scales (one per 128 x 128) are too few to count.
+FORMAT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 4.25 / 8}
+QUANTIZATIONS = ("auto", "bf16", "fp8", "fp4")  # model.quantization; auto: the checkpoint's own (its catalogue entry)
+KV_DTYPES = ("auto", "bf16", "fp8")  # kv_cache.dtype; auto: the compute dtype
+
+
+def config_value(config, key: str, default=None):
+    """`key` of a config given as a mapping (config.json) or as an object (a transformers config)."""
+    value = config.get(key, default) if isinstance(config, dict) else getattr(config, key, default)
+    return default if value is None else value
+
+
+@dataclass(frozen=True)
+class Architecture:
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int  # a dense layer's MLP width
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    bytes_per_param: float  # the compute dtype's: embeddings, LM head, activations
+    tie_word_embeddings: bool = False
+    weight_bytes_per_param: float | None = None  # the layers' linear weights; None: the compute dtype's
+    expert_bytes_per_param: float | None = None  # the routed experts'; None: as the other layer weights
+    kv_bytes_per_element: float | None = None  # the KV cache's; None: the compute dtype's
+    # A mixture of experts; 0 experts: a dense MLP in every layer.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    num_shared_experts: int = 0
+    num_dense_layers: int = 0  # leading layers with a dense MLP in a mixture of experts
+    # Multi-head latent attention; kv_lora_rank 0: K and V per KV head.
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    # Sliding-window attention in some layers; 0 layers: every layer attends to the whole context.
+    sliding_window: int = 0
+    num_sliding_layers: int = 0
+    attention_sinks: bool = False
+
+    @classmethod
+    def from_config(cls, config, bytes_per_param: float, quantization: str | None = None,
+                    kv_dtype: str | None = None) -> "Architecture":
+        """From a config mapping or object; `quantization` and `kv_dtype` name formats of `FORMAT_BYTES` (None or
+        `auto`: the compute dtype)."""
+        num_heads = config_value(config, "num_attention_heads")
+        hidden = config_value(config, "hidden_size")
+        experts = config_value(config, "num_local_experts", config_value(config, "num_experts", config_value(
+            config, "n_routed_experts", 0))) or 0
+        layer_types = config_value(config, "layer_types", []) or []
+        sliding = sum(kind == "sliding_attention" for kind in layer_types)
+        window = config_value(config, "sliding_window", 0) or 0
+        return cls(
+            num_layers=config_value(config, "num_hidden_layers"), hidden_size=hidden,
+            intermediate_size=config_value(config, "intermediate_size"), num_heads=num_heads,
+            num_kv_heads=config_value(config, "num_key_value_heads", num_heads),
+            # Most configs name head_dim only when it differs from hidden_size / heads.
+            head_dim=config_value(config, "head_dim", hidden // num_heads),
+            vocab_size=config_value(config, "vocab_size"), bytes_per_param=bytes_per_param,
+            tie_word_embeddings=bool(config_value(config, "tie_word_embeddings", False)),
+            **_weight_formats(config, quantization),
+            kv_bytes_per_element=_format_bytes(kv_dtype),
+            num_experts=experts,
+            experts_per_token=config_value(config, "num_experts_per_tok", config_value(
+                config, "experts_per_token", 0)) if experts else 0,
+            # Mixtral's and gpt-oss's experts are `intermediate_size` wide; Qwen's and DeepSeek's have their own.
+            expert_intermediate_size=config_value(config, "moe_intermediate_size", config_value(
+                config, "intermediate_size")) if experts else 0,
+            num_shared_experts=config_value(config, "n_shared_experts", 0) if experts else 0,
+            num_dense_layers=config_value(config, "first_k_dense_replace", 0) if experts else 0,
+            kv_lora_rank=config_value(config, "kv_lora_rank", 0), q_lora_rank=config_value(config, "q_lora_rank", 0),
+            qk_rope_head_dim=config_value(config, "qk_rope_head_dim", 0),
+            qk_nope_head_dim=config_value(config, "qk_nope_head_dim", 0),
+            v_head_dim=config_value(config, "v_head_dim", 0),
+            # Only a layer of `sliding_attention` type slides: Mistral's config names a window every layer honours
+            # only in its first release, and says so by giving no layer types.
+            sliding_window=window if sliding else 0, num_sliding_layers=sliding if window else 0,
+            attention_sinks=config_value(config, "model_type", "") == "gpt_oss",
+        )
+
+    @property
+    def latent_attention(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def weight_format_bytes(self) -> float:
+        return self.weight_bytes_per_param or self.bytes_per_param
+
+    @property
+    def expert_format_bytes(self) -> float:
+        return self.expert_bytes_per_param or self.weight_format_bytes
+
+    @property
+    def routed_expert_params(self) -> int:
+        return self.num_moe_layers * self.num_experts * self.expert_params
+
+    @property
+    def attention_params(self) -> int:
+        if self.latent_attention:
+            h, heads = self.hidden_size, self.num_heads
+            q_dim = heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
+            q = h * self.q_lora_rank + self.q_lora_rank * q_dim if self.q_lora_rank else h * q_dim
+            kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank * heads * (
+                self.qk_nope_head_dim + self.v_head_dim)
+            return q + kv + heads * self.v_head_dim * h
+        q_out, kv_out = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        sinks = self.num_heads if self.attention_sinks else 0
+        return self.hidden_size * (q_out + 2 * kv_out) + q_out * self.hidden_size + sinks
+
+    @property
+    def mlp_params(self) -> int:
+        """A dense layer's gated MLP (gate, up, down)."""
+        return 3 * self.hidden_size * self.intermediate_size
+
+    @property
+    def expert_params(self) -> int:
+        """One expert's gated MLP."""
+        return 3 * self.hidden_size * self.expert_intermediate_size
+
+    @property
+    def router_params(self) -> int:
+        return self.hidden_size * self.num_experts
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.num_dense_layers if self.num_experts else 0
+
+    @property
+    def num_full_layers(self) -> int:
+        """Layers attending to the whole context."""
+        return self.num_layers - self.num_sliding_layers
+
+    def experts_touched(self, num_tokens):
+        """Distinct routed experts a layer reads for `num_tokens` tokens, each routed to `experts_per_token` of
+        `num_experts` (uniform routing, the load-balancing loss's aim): E (1 - (1 - k/E)^T). Works on arrays."""
+        if not self.num_experts:
+            return 0.0
+        return self.num_experts * (1 - (1 - self.experts_per_token / self.num_experts) ** num_tokens)
+
+    @property
+    def layer_params(self) -> int:
+        """Every weight of the layers, each expert included: what memory holds."""
+        dense = self.num_layers - self.num_moe_layers
+        moe = self.attention_params + self.expert_params * (self.num_experts + self.num_shared_experts) + \
+            self.router_params
+        return dense * (self.attention_params + self.mlp_params) + self.num_moe_layers * moe
+
+    @property
+    def active_layer_params(self) -> int:
+        """The layers' weights one token multiplies: in a mixture, its `experts_per_token` experts and the shared
+        ones, not all of them."""
+        dense = self.num_layers - self.num_moe_layers
+        moe = self.attention_params + self.expert_params * (self.experts_per_token + self.num_shared_experts) + \
+            self.router_params
+        return dense * (self.attention_params + self.mlp_params) + self.num_moe_layers * moe
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        """Every parameter, as a model card counts them (embeddings and, unless tied, the LM head included)."""
+        return self.layer_params + (1 if self.tie_word_embeddings else 2) * self.embedding_params
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters a token multiplies: its layers' share and the LM head (the input embedding is a lookup). Model
+        cards round this figure and some count the input embedding too (a mixture's `-A22B`)."""
+        return self.active_layer_params + self.embedding_params
+
+    @property
+    def weight_bytes(self) -> float:
+        """The weights' memory: the layers in their formats, the embeddings in the compute dtype."""
+        embeddings = (1 if self.tie_word_embeddings else 2) * self.embedding_params
+        return self.dense_weight_bytes_read() + self.routed_expert_params * self.expert_format_bytes + (
+            embeddings - self.embedding_params) * self.bytes_per_param
+
+    def dense_weight_bytes_read(self) -> float:
+        """What every forward pass streams whatever its tokens: the layers but for their routed experts, and the LM
+        head (the input embedding is looked up, a few rows per token, never read whole)."""
+        layers = self.layer_params - self.routed_expert_params
+        return layers * self.weight_format_bytes + self.embedding_params * self.bytes_per_param
+
+    def expert_bytes_read(self, num_tokens):
+        """The routed experts a forward pass over `num_tokens` tokens reads, every layer. Works on arrays."""
+        return self.num_moe_layers * self.experts_touched(num_tokens) * self.expert_params * self.expert_format_bytes
+
+    def weight_bytes_read(self, num_tokens):
+        return self.dense_weight_bytes_read() + self.expert_bytes_read(num_tokens)
+
+    @property
+    def kv_element_bytes(self) -> float:
+        return self.kv_bytes_per_element or self.bytes_per_param
+
+    @property
+    def kv_width(self) -> int:
+        """Elements cached per token and layer: the latent and its rope part, or K and V of every KV head."""
+        if self.latent_attention:
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return 2 * self.num_kv_heads * self.head_dim
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """A token's cache across the layers attending to the whole context. A sliding-window layer keeps at most
+        `sliding_window` tokens of each sequence (vLLM's hybrid cache manager frees the rest), a few MB per
+        sequence whatever its length, which the per-token figure leaves out."""
+        return self.num_full_layers * self.kv_width * self.kv_element_bytes
+
+    def kv_shards(self, tensor_parallel: int) -> int:
+        """How many ways N GPUs split the cache: by KV head, as far as the heads go (fewer heads than GPUs are
+        replicated); a latent cache is one head, held whole by every GPU (vLLM's MLA with tensor parallelism)."""
+        return 1 if self.latent_attention else min(tensor_parallel, self.num_kv_heads)
+
+    def attention_flops_per_pair(self, decode: bool) -> float:
+        """FLOPs of one query-key pair across the heads of one layer. MLA decodes in its absorbed form (queries
+        projected into the latent: QK over latent + rope, PV over the latent) and prefills in its expanded one
+        (K and V decompressed per head), as vLLM and SGLang run it."""
+        if not self.latent_attention:
+            return 4 * self.num_heads * self.head_dim  # QK^T and PV
+        if decode:
+            return 2 * self.num_heads * (2 * self.kv_lora_rank + self.qk_rope_head_dim)
+        return 2 * self.num_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim)
+
+
+def _weight_formats(config, quantization: str | None) -> dict:
+    """The layers' and the routed experts' weight bytes: `quantization` for all of them, or (auto) the checkpoint's
+    own, which may keep attention unquantized (gpt-oss ships only its experts in MXFP4: `modules_to_not_convert`)."""
+    if quantization not in (None, "auto"):
+        return {"weight_bytes_per_param": FORMAT_BYTES[quantization]}
+    fmt = checkpoint_format(config)
+    keep = config_value(config_value(config, "quantization_config", {}) or {}, "modules_to_not_convert", []) or []
+    if fmt and any("attn" in module for module in keep):
+        return {"expert_bytes_per_param": FORMAT_BYTES[fmt]}
+    return {"weight_bytes_per_param": _format_bytes(fmt)}
+
+
+def checkpoint_format(config) -> str | None:
+    """The format a checkpoint ships its layers' weights in, from its config's `quantization_config` (DeepSeek-V3's
+    `fp8`, gpt-oss's `mxfp4`, NVIDIA's ModelOpt FP8 and NVFP4); None: unquantized, the compute dtype."""
+    method = str(config_value(config_value(config, "quantization_config", {}) or {}, "quant_method", "")).lower()
+    if method in ("fp8", "fbgemm_fp8"):
+        return "fp8"
+    if method in ("mxfp4", "nvfp4", "modelopt_fp4"):
+        return "fp4"
+    if method == "modelopt":
+        algo = str(config_value(config_value(config, "quantization_config", {}), "quant_algo", "")).lower()
+        return {"fp8": "fp8", "nvfp4": "fp4"}.get(algo)
+    return None
+
+
+def _format_bytes(name: str | None) -> float | None:
+    if name in (None, "auto"):
+        return None
+    return FORMAT_BYTES[name]

@@ -1,0 +1,121 @@
+"""A serving engine's own costs, apart from the GPU's: a named, cited profile in `conf/engine/` (`runner.engine=`),
+a user's YAML file, or the figures inline.
+
+The host side — the front end's latency and serial work per request, the scheduler's time per step, per sequence
+and per token, and whether the engine schedules the next step while the GPU runs this one (async scheduling) —
+and how well its kernels use the GPU: the share of peak memory bandwidth they reach, a scale on the hardware
+class's compute efficiency, and how the grouped GEMMs of a mixture of experts fall short of dense ones. Every
+figure was fitted to published runs of that engine (the profile's file says which) and may be overridden one by
+one (`runner.step_overhead_s=...`) or all together by a calibration (`runner.calibration=`).
+"""
+
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Annotated
+
+import yaml
+from pydantic import Field, ValidationError
+
+from workloads.config import Strict, one_line
+
+CATALOGUE_DIR = Path(__file__).resolve().parents[2] / "conf" / "engine"
+DEFAULT_ENGINE = "vllm-v1"
+Seconds = Annotated[float, Field(ge=0, le=10)]
+Share = Annotated[float, Field(gt=0, le=1)]
+
+
+class EngineSpec(Strict):
+    """What an engine profile's file says."""
+
+    name: str
+    describes: str = ""  # the engine and versions the figures were fitted on
+    fitted_on: list[str] = []  # the published runs they were fitted to
+    memory_efficiency: Share
+    compute_scale: Annotated[float, Field(gt=0, le=2)] = 1.0  # x the hardware class's compute efficiency
+    step_overhead_s: Seconds
+    seq_overhead_s: Seconds
+    token_overhead_s: Seconds
+    frontend_latency_s: Seconds
+    frontend_service_s: Seconds
+    async_scheduling: bool = False
+    moe_efficiency: Share = 1.0
+    moe_tokens_half: Annotated[float, Field(ge=0)] = 0.0
+    expert_overhead_s: Annotated[float, Field(ge=0, le=1e-3)] = 0.0
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    name: str
+    memory_efficiency: float  # share of peak memory bandwidth its kernels reach
+    compute_scale: float  # its kernels' share of peak FLOP/s, relative to the hardware class's figure
+    step_overhead_s: float  # host time per step (scheduling, launches; CUDA graphs as the engine uses them)
+    seq_overhead_s: float  # and per sequence in the step (sampling, output processing)
+    token_overhead_s: float  # and per token in the step (building positions and cache slots)
+    frontend_latency_s: float  # from a client's send to the engine's queue (HTTP, tokenization)
+    frontend_service_s: float  # the front end's serial work per request
+    async_scheduling: bool = False  # the host's step work overlaps the GPU's previous step
+    # Expert GEMMs (grouped, one small GEMM per expert) reach `moe_efficiency` of the dense GEMMs' compute
+    # efficiency with many tokens per expert, and half that at `moe_tokens_half` tokens per expert.
+    moe_efficiency: float = 1.0
+    moe_tokens_half: float = 0.0
+    # GPU time each expert a step touches costs a mixture's layer whatever its tokens (the grouped GEMM's per-expert
+    # tiles, its routing and permutation kernels): at a decode batch of a few tokens, most of a MoE layer's time.
+    expert_overhead_s: float = 0.0
+
+    def moe_share(self, tokens_per_expert):
+        """The share of the dense compute efficiency an expert GEMM of this many tokens reaches (arrays too)."""
+        return self.moe_efficiency * tokens_per_expert / (tokens_per_expert + self.moe_tokens_half)
+
+    def overridden(self, figures: dict) -> "EngineProfile":
+        """This profile with the figures given (None: keep the profile's)."""
+        names = {f.name for f in fields(self)}
+        return replace(self, **{k: v for k, v in figures.items() if k in names and v is not None})
+
+
+def engine_catalogue() -> list[str]:
+    return sorted(p.stem for p in CATALOGUE_DIR.glob("*.yaml"))
+
+
+def get_engine(choice) -> EngineProfile:
+    """`choice`: a catalogue name, a YAML file's path, or a mapping of the figures. Raises ValueError naming the
+    problem (an unknown name lists the catalogue)."""
+    if isinstance(choice, str):
+        path = Path(choice).expanduser()
+        if path.suffix in (".yaml", ".yml") or "/" in choice:
+            if not path.is_file():
+                raise ValueError(f"engine profile file {choice!r} does not exist")
+            where = f"engine profile file {str(path)!r}"
+        elif (CATALOGUE_DIR / f"{choice}.yaml").is_file():
+            path, where = CATALOGUE_DIR / f"{choice}.yaml", f"engine {choice!r}"
+        else:
+            raise ValueError(f"unknown engine {choice!r}; the catalogue has {', '.join(engine_catalogue())} (or give "
+                             "a YAML file's path, or the figures inline)")
+        try:
+            choice = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise ValueError(f"{where} is not valid YAML: {e}") from None
+    else:
+        where = "runner.engine"
+    try:
+        spec = EngineSpec.model_validate(choice)
+    except ValidationError as e:
+        raise ValueError(f"{where}: {one_line(e, choice)}") from None
+    names = {f.name for f in fields(EngineProfile)}
+    return EngineProfile(**spec.model_dump(include=names))
+
+
+def fixture_engine(setup: dict) -> str:
+    """The profile a published run's engine is judged by: its `setup.engine_profile`, else by engine and version
+    (vLLM before 0.6 is `vllm-0.5`; later vLLM, the V1 engine, `vllm-v1`; SGLang `sglang`)."""
+    if setup.get("engine_profile"):
+        return setup["engine_profile"]
+    engine, version = setup.get("engine", "vllm"), str(setup.get("engine_version", ""))
+    if engine == "sglang":
+        return "sglang"
+    return "vllm-0.5" if version.startswith(("0.4", "0.5")) else DEFAULT_ENGINE
+
+
+def configured_engine(runner_cfg) -> EngineProfile:
+    """`runner.engine`'s profile with the figures the run config (or its calibration) sets one by one."""
+    figures = {name: getattr(runner_cfg, name, None) for name in (f.name for f in fields(EngineProfile))}
+    return get_engine(runner_cfg.engine).overridden(figures | {"name": None})

@@ -1,0 +1,126 @@
+"""Fit an engine profile (`conf/engine/`) to published runs of that engine on several GPUs, and report every run's
+error, fitted and held out: `python -m harness.sim.fit_engine vllm-v1 --fit RUNS... --hold-out RUNS... [--write]`.
+
+Unlike `harness.sim.calibrate`, which fits one cluster's absolute figures, this fits what belongs to the engine
+across GPU classes: its kernels' share of peak FLOP/s as a scale on each hardware class's figure, its share of peak
+memory bandwidth, its host costs and front end, and (given runs of a mixture of experts) its expert GEMMs' efficiency.
+Each run is replayed as it was served (`setup`: GPUs, formats, async scheduling). `--write` puts the fitted figures
+into the profile's file; `--markdown` prints the tables the README's grounding section shows.
+"""
+
+import argparse
+import math
+from dataclasses import asdict, fields, replace
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from harness.sim.calibrate import WEIGHTS, relative_errors, run_architecture, simulate
+from harness.sim.calibration import BOUNDS, MOE_PARAMS, RooflineParams
+from harness.sim.costmodel.hardware import get_hardware
+from harness.sim.engine_profile import CATALOGUE_DIR, EngineProfile, get_engine
+from harness.sim.measured import MeasuredRun, load_measured_runs
+
+# The figures a profile fit searches, and their ranges: calibrate's, with the compute share as a scale on the
+# hardware class's (1.0: as the engine the class figure was fitted on).
+PROFILE_BOUNDS = {"compute_scale": (0.3, 2.0)} | {k: v for k, v in asdict(BOUNDS).items() if k != "compute_efficiency"}
+SHOWN = {"output_throughput_tps": "tput", "tpot_s_p50": "TPOT p50", "ttft_s_p50": "TTFT p50", "e2e_s_mean": "E2E"}
+
+
+def run_params(run: MeasuredRun, engine: EngineProfile) -> RooflineParams:
+    """The figures `run` is replayed with under `engine`: the compute share its GPU class reaches in that engine."""
+    figures = {name: getattr(engine, name) for name in asdict(BOUNDS) if name != "compute_efficiency"}
+    return RooflineParams(get_hardware(run.hardware).compute_efficiency * engine.compute_scale, **figures)
+
+
+def errors(run: MeasuredRun, engine: EngineProfile) -> dict[str, float]:
+    return relative_errors(run, simulate(run, run_params(run, engine)))
+
+
+def loss(runs: list[MeasuredRun], engine: EngineProfile) -> float:
+    """Mean weighted squared log error over every run's matched metrics."""
+    total = weight = 0.0
+    for run in runs:
+        for key, error in errors(run, engine).items():
+            total += WEIGHTS[key] * math.log1p(max(error, -0.99)) ** 2
+            weight += WEIGHTS[key]
+    return total / weight
+
+
+def fit_profile(runs: list[MeasuredRun], start: EngineProfile, max_evaluations: int) -> tuple[EngineProfile, float]:
+    """The profile that best reproduces `runs` from `start`: a bounded Powell search in coordinates scaled to each
+    figure's range; the expert GEMMs' figures only when some run served a mixture of experts."""
+    from scipy.optimize import minimize
+
+    moe = any(run_architecture(run).num_experts for run in runs)
+    names = [name for name in PROFILE_BOUNDS if moe or name not in MOE_PARAMS]
+    low, high = (np.array([PROFILE_BOUNDS[name][i] for name in names]) for i in (0, 1))
+
+    def profile(x: np.ndarray) -> EngineProfile:
+        values = low + np.clip(x, 0.0, 1.0) * (high - low)
+        return replace(start, **{name: float(v) for name, v in zip(names, values)})
+
+    x0 = np.clip((np.array([getattr(start, name) for name in names]) - low) / (high - low), 0.0, 1.0)
+    result = minimize(lambda x: loss(runs, profile(x)), x0, method="Powell", bounds=[(0.0, 1.0)] * len(names),
+                      options={"xtol": 1e-3, "ftol": 1e-4, "maxfev": max_evaluations})
+    return profile(result.x), float(result.fun)
+
+
+def error_rows(runs: list[MeasuredRun], engine: EngineProfile, role: str) -> list[dict]:
+    rows = []
+    for run in runs:
+        arch = run_architecture(run)
+        rows.append({"run": run.name, "role": role, "kind": "MoE" if arch.num_experts else "dense",
+                     "source": run.source, **errors(run, engine)})
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| run | role | model | " + " | ".join(SHOWN.values()) + " |", "|---" * (3 + len(SHOWN)) + "|"]
+    for row in rows:
+        cells = [f"{row[key]:+.1%}" if isinstance(row.get(key), float) else "" for key in SHOWN]
+        lines.append(f"| [{row['run']}]({row['source']}) | {row['role']} | {row['kind']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_profile(name: str, engine: EngineProfile, fitted: list[MeasuredRun]) -> Path:
+    """The fitted figures into `conf/engine/<name>.yaml`, its comments and description kept."""
+    path = CATALOGUE_DIR / f"{name}.yaml"
+    text = path.read_text()
+    comments = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
+    data = yaml.safe_load(text)
+    figures = {f.name: getattr(engine, f.name) for f in fields(EngineProfile) if f.name != "name"}
+    data |= {key: round(value, 8) if isinstance(value, float) else value for key, value in figures.items()}
+    data["fitted_on"] = [run.name for run in fitted]
+    path.write_text(comments + yaml.safe_dump(data, sort_keys=False, width=118))
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("engine", help="a profile of conf/engine/ (the start of the fit)")
+    parser.add_argument("--fit", nargs="+", required=True, help="published runs of that engine to fit")
+    parser.add_argument("--hold-out", nargs="*", default=[], help="runs to predict, not fitted")
+    parser.add_argument("--evaluations", type=int, default=300)
+    parser.add_argument("--write", action="store_true", help="write the fitted figures into the profile's file")
+    parser.add_argument("--markdown", action="store_true", help="print the error tables as markdown")
+    args = parser.parse_args()
+    fitted, held_out = load_measured_runs(args.fit), load_measured_runs(args.hold_out) if args.hold_out else []
+    start = get_engine(args.engine)
+    engine, value = fit_profile(fitted, start, args.evaluations) if args.evaluations else (start, loss(fitted, start))
+    print(f"loss {value:.4f}; figures: " + ", ".join(f"{k}={v:.4g}" for k, v in asdict(engine).items()
+                                                  if isinstance(v, float)))
+    rows = error_rows(fitted, engine, "fitted") + error_rows(held_out, engine, "held out")
+    if args.markdown:
+        print(markdown(rows))
+    else:
+        for row in rows:
+            print(f"{row['role']:8s} {row['kind']:5s} {row['run']:58s} " + " ".join(
+                f"{label}={row[key]:+.1%}" for key, label in SHOWN.items() if key in row))
+    if args.write:
+        print(f"profile: {write_profile(args.engine, engine, fitted)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""The simulator for 2026's engines, models and number formats: engine profiles, FP8/FP4 weights and KV caches,
+multi-head latent attention, sliding windows, modern mixtures of experts and expert parallelism."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from harness.architecture import Architecture
+from harness.config import ConfigError, compose_config, validate
+from harness.job import run_job
+from harness.model_spec import described_model
+from harness.sim.costmodel import RooflineCostModel, StepShape
+from harness.sim.costmodel.hardware import get_hardware
+from harness.sim.engine_profile import fixture_engine, get_engine
+from tests.conftest import bare_engine
+
+H100, H200, A100, B200 = (get_hardware(name) for name in ("h100", "h200", "a100-80gb", "b200"))
+
+
+def arch(name: str, **formats) -> Architecture:
+    return Architecture.from_config(described_model(name), 2, **formats)
+
+
+def decode(num_seqs: int, context: int) -> StepShape:
+    keys = num_seqs * context
+    return StepShape(False, num_seqs, num_seqs, keys, keys, num_seqs, keys)
+
+
+def test_a_latent_cache_holds_one_latent_per_token_and_layer_on_every_gpu():
+    deepseek = arch("deepseek-v3")
+    assert deepseek.latent_attention and deepseek.kv_width == 512 + 64  # not 128 heads x (K + V) x 128
+    assert deepseek.kv_bytes_per_token == 61 * 576 * 2  # bf16 unless the cache is fp8
+    assert deepseek.kv_shards(8) == 1  # every GPU holds the whole latent (vLLM's MLA with tensor parallelism)
+    costs = RooflineCostModel(deepseek, H200, bare_engine(), tensor_parallel=8)
+    free = 8 * 0.9 * H200.memory_bytes - deepseek.weight_bytes
+    assert costs.num_kv_blocks(16, 0.9) == int(free // (16 * deepseek.kv_bytes_per_token * 8))
+    # Decoding attends in the absorbed form (latent-wide), prefilling in the expanded one (per head).
+    assert deepseek.attention_flops_per_pair(decode=True) == 2 * 128 * (2 * 512 + 64)
+    assert deepseek.attention_flops_per_pair(decode=False) == 2 * 128 * (128 + 64 + 128)
+
+
+def test_a_sliding_window_layer_caches_and_attends_to_its_window_only():
+    gpt_oss = arch("gpt-oss-120b")
+    assert (gpt_oss.num_sliding_layers, gpt_oss.num_full_layers, gpt_oss.sliding_window) == (18, 18, 128)
+    assert gpt_oss.kv_bytes_per_token == 18 * 2 * 8 * 64 * 2  # the full-attention layers' cache
+    full = dataclasses.replace(gpt_oss, num_sliding_layers=0, sliding_window=0)
+    costs, all_full = (RooflineCostModel(a, H100, bare_engine()) for a in (gpt_oss, full))
+    long, short = decode(8, 32000), decode(8, 100)
+    assert costs.attention_flops(long) == pytest.approx(all_full.attention_flops(long) / 2, rel=0.01)
+    assert costs.attention_flops(short) == pytest.approx(all_full.attention_flops(short))  # inside the window
+    assert costs.kv_bytes(long) < 0.51 * all_full.kv_bytes(long)
+    assert gpt_oss.attention_sinks and gpt_oss.attention_params == full.attention_params  # one logit per head
+
+
+def test_weights_and_cache_take_the_bytes_of_their_format():
+    bf16, fp8, fp4 = (arch("llama-3.3-70b", quantization=q) for q in ("bf16", "fp8", "fp4"))
+    embeddings = 2 * bf16.embedding_params * 2  # input and output embeddings stay in the compute dtype
+    assert fp8.weight_bytes - embeddings == pytest.approx((bf16.weight_bytes - embeddings) / 2)
+    assert fp4.weight_bytes - embeddings == pytest.approx((bf16.weight_bytes - embeddings) * 4.25 / 16)
+    fp8_cache = arch("llama-3.3-70b", kv_dtype="fp8")
+    assert fp8_cache.kv_bytes_per_token == bf16.kv_bytes_per_token / 2
+    blocks = [RooflineCostModel(a, H200, bare_engine(), tensor_parallel=2).num_kv_blocks(16, 0.9)
+              for a in (bf16, fp8_cache)]
+    assert blocks[1] == pytest.approx(2 * blocks[0], abs=2)  # capacity follows the cache's dtype
+    # A checkpoint's own format: gpt-oss ships its experts in MXFP4 and the rest in bf16, DeepSeek-V3 all in FP8.
+    gpt_oss, deepseek = arch("gpt-oss-120b"), arch("deepseek-v3")
+    assert (gpt_oss.expert_format_bytes, gpt_oss.weight_format_bytes) == (4.25 / 8, 2)
+    assert 60e9 < gpt_oss.weight_bytes < 70e9 and deepseek.weight_format_bytes == 1
+    assert arch("gpt-oss-120b", quantization="bf16").weight_bytes > 3 * gpt_oss.weight_bytes
+
+
+def test_a_gemm_runs_at_its_formats_peak_where_the_gpu_has_one():
+    assert H100.gemm_peak(1) == 1979e12 and H100.gemm_peak(2) == 989e12
+    assert H100.gemm_peak(4.25 / 8) == H100.peak_flops  # no FP4 on Hopper: widened to BF16 in the kernel
+    assert A100.gemm_peak(1) == A100.peak_flops  # no FP8 on Ampere: Marlin-style W8A16
+    assert B200.gemm_peak(4.25 / 8) == 9000e12 and get_hardware("mi355x").gemm_peak(4.25 / 8) > 1e16
+    prefill = StepShape(False, 8192, 8, 8192 * 2000, 8192, 8)
+    bf16, fp8 = (RooflineCostModel(arch("qwen3-32b", quantization=q), H100, bare_engine()) for q in ("bf16", "fp8"))
+    assert fp8.predict(prefill) < 0.6 * bf16.predict(prefill)  # compute-bound: twice the peak
+
+
+def test_expert_parallelism_pays_for_uneven_experts_when_few_tokens_touch_them():
+    qwen = arch("qwen3-235b-a22b", quantization="fp8")
+    tp, ep = (RooflineCostModel(qwen, H100, bare_engine(), tensor_parallel=4, expert_parallel=flag)
+              for flag in (False, True))
+    assert ep.expert_bytes_per_gpu(1) > 1.5 * tp.expert_bytes_per_gpu(1)  # 8 experts over 4 GPUs: unevenly
+    assert ep.expert_bytes_per_gpu(4096) == pytest.approx(tp.expert_bytes_per_gpu(4096), rel=0.01)  # all touched
+    with pytest.raises(ValueError, match="expert_parallel needs a mixture of experts"):
+        RooflineCostModel(arch("qwen3-32b"), H100, bare_engine(), tensor_parallel=2, expert_parallel=True)
+
+
+def test_expert_gemms_reach_less_of_peak_with_fewer_tokens_per_expert():
+    engine = bare_engine(moe_efficiency=0.8, moe_tokens_half=32.0)
+    assert engine.moe_share(32.0) == pytest.approx(0.4) and engine.moe_share(np.array([1e9]))[0] == pytest.approx(0.8)
+    gpt_oss = arch("gpt-oss-120b")
+    slow, ideal = (RooflineCostModel(gpt_oss, H100, e) for e in (engine, bare_engine()))
+    prefill = StepShape(False, 8192, 8, 8192 * 1000, 8192, 8)
+    assert slow.predict(prefill) > ideal.predict(prefill)
+
+
+def test_async_scheduling_hides_the_host_behind_the_gpus_step():
+    host = {"step_overhead_s": 2e-3, "seq_overhead_s": 0.0, "token_overhead_s": 0.0}
+    plain = RooflineCostModel(arch("qwen3-8b"), H100, bare_engine(**host))
+    overlapped = RooflineCostModel(arch("qwen3-8b"), H100, bare_engine(async_scheduling=True, **host))
+    step = decode(64, 500)
+    busy = plain.predict(step)
+    assert plain.overhead(step, busy) == pytest.approx(2e-3)
+    assert overlapped.overhead(step, busy) == pytest.approx(max(0.0, 2e-3 - busy))
+    assert overlapped.overhead(step, 1e-4) == pytest.approx(2e-3 - 1e-4)  # a short step shows the rest
+
+
+def test_each_published_run_is_judged_by_its_own_engines_profile():
+    assert fixture_engine({"engine": "vllm", "engine_version": "0.5.4"}) == "vllm-0.5"
+    assert fixture_engine({"engine": "vllm", "engine_version": "0.11.0"}) == "vllm-v1"
+    assert fixture_engine({"engine": "sglang", "engine_version": "0.5.5"}) == "sglang"
+    assert fixture_engine({"engine": "vllm", "engine_profile": "vllm-0.5"}) == "vllm-0.5"
+    with pytest.raises(ValueError, match="unknown engine 'tgi'; the catalogue has sglang, vllm-0.5, vllm-v1"):
+        get_engine("tgi")
+    with pytest.raises(ConfigError, match="runner.engine"):
+        validate(compose_config(["runner=sim", "runner.hardware=h100", "runner.engine={name: x}"]))
+
+
+def test_a_figure_given_in_the_run_config_replaces_the_profiles():
+    cfg = validate(compose_config(["runner=sim", "runner.hardware=h100", "runner.engine=vllm-0.5",
+                                   "runner.step_overhead_s=0.003", "runner.async_scheduling=true"]))
+    from harness.sim.costmodel import build_cost_model
+
+    costs = build_cost_model(cfg.runner, arch("qwen3-8b"))
+    assert costs.engine.step_overhead_s == 0.003 and costs.engine.async_scheduling
+    assert costs.engine.frontend_latency_s == get_engine("vllm-0.5").frontend_latency_s
+
+
+@pytest.mark.parametrize("override", ["model.quantization=fp8", "kv_cache.dtype=fp8"])
+def test_a_number_format_is_the_roofline_s_alone(override):
+    with pytest.raises(ConfigError, match=f"{override} is the roofline's"):
+        validate(compose_config([override]))
+
+
+@pytest.mark.parametrize("overrides", [
+    ["model=deepseek-v3", "runner.hardware=h200", "runner.tensor_parallel=8", "model.quantization=fp8"],
+    ["model=gpt-oss-120b", "runner.hardware=b200", "model.quantization=fp4"],
+    ["model=qwen3-235b-a22b", "runner.hardware=h100", "runner.tensor_parallel=4", "model.quantization=fp8",
+     "runner.expert_parallel=true", "kv_cache.dtype=fp8"],
+])
+def test_the_models_of_2026_run_on_their_gpus(overrides, tmp_path):
+    summary = run_job(compose_config(["runner=sim", *overrides, "workload.num_requests=24", "progress=false"]),
+                      tmp_path)
+    assert summary["num_finished"] == 24 and summary["num_blocks"] > 1000
+    assert 0.002 < summary["tpot_s_p50"] < 0.2
