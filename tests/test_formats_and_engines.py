@@ -2,6 +2,7 @@
 multi-head latent attention, sliding windows, modern mixtures of experts and expert parallelism."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from harness.model_spec import described_model
 from harness.sim.costmodel import RooflineCostModel, StepShape
 from harness.sim.costmodel.hardware import get_hardware
 from harness.sim.engine_profile import fixture_engine, get_engine
-from tests.conftest import bare_engine
+from tests.conftest import ROOT, bare_engine
 
 H100, H200, A100, B200 = (get_hardware(name) for name in ("h100", "h200", "a100-80gb", "b200"))
 
@@ -148,3 +149,46 @@ def test_the_models_of_2026_run_on_their_gpus(overrides, tmp_path):
                       tmp_path)
     assert summary["num_finished"] == 24 and summary["num_blocks"] > 1000
     assert 0.002 < summary["tpot_s_p50"] < 0.2
+
+
+def test_a_run_published_as_totals_keeps_its_work(tmp_path):
+    from harness.sim.measured import load_measured
+
+    path = ROOT / "tests" / "fixtures" / "published" / "gpustack" / "gpustack-h100-qwen3-14b-vllm-sharegpt-1000.json"
+    run = load_measured(path)
+    data = json.loads(path.read_text())
+    assert sum(r.prompt_len for r in run.requests) == data["total_input_tokens"]
+    assert sum(r.max_new_tokens for r in run.requests) == data["total_output_tokens"]
+    assert len({r.prompt_len for r in run.requests}) > 100  # ShareGPT's spread, not one length
+    random = load_measured(path.with_name("gpustack-h100-qwen3-14b-vllm-random-2k.json"))
+    assert max(r.prompt_len for r in random.requests) - min(r.prompt_len for r in random.requests) <= 1
+    ranged = load_measured(ROOT / "tests" / "fixtures" / "published" / "inferencex" /
+                           "inferencex-4xmi355x-deepseek-v3-fp4-sglang-1k1k-c8.json")
+    assert all(819 <= r.prompt_len <= 1024 and 819 <= r.max_new_tokens <= 1024 for r in ranged.requests)
+    assert ranged.max_concurrency == 8 and ranged.quantization == "fp4" and ranged.tensor_parallel == 4
+    data["setup"]["lengths"] = "sharegpt_profile"
+    del data["total_output_tokens"]
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="setup.lengths=sharegpt_profile needs total_input_tokens and"):
+        load_measured(tmp_path / "run.json")
+
+
+PUBLISHED = sorted((ROOT / "tests" / "fixtures" / "published").rglob("*.json"))
+
+
+@pytest.mark.parametrize("profile", ["vllm-v1", "sglang"])
+def test_each_profile_gives_the_errors_its_file_records_for_every_published_run_of_its_engine(profile):
+    """`python -m harness.sim.fit_engine <profile> --write` recorded each run's error beside the fitted figures (the
+    README's grounding tables); the simulator must still give them, and no run of that engine may be left out."""
+    import yaml
+
+    from harness.sim.fit_engine import errors
+    from harness.sim.measured import load_measured
+
+    recorded = yaml.safe_load((ROOT / "conf" / "engine" / f"{profile}.yaml").read_text())["errors"]
+    runs = [run for run in map(load_measured, PUBLISHED) if fixture_engine(run.setup) == profile]
+    assert {run.name for run in runs} == set(recorded)
+    engine = get_engine(profile)
+    for run in runs:
+        expected = {key: value for key, value in recorded[run.name].items() if key != "role"}
+        assert errors(run, engine) == pytest.approx(expected, abs=6e-5), run.name

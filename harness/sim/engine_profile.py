@@ -30,6 +30,8 @@ class EngineSpec(Strict):
     name: str
     describes: str = ""  # the engine and versions the figures were fitted on
     fitted_on: list[str] = []  # the published runs they were fitted to
+    # Each published run's relative error under these figures (fitted or held out), as `fit_engine --write` found it.
+    errors: dict[str, dict[str, float | str]] = {}
     memory_efficiency: Share
     compute_scale: Annotated[float, Field(gt=0, le=2)] = 1.0  # x the hardware class's compute efficiency
     step_overhead_s: Seconds

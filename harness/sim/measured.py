@@ -152,6 +152,12 @@ def _lengths(data: dict, setup: dict, path: Path) -> tuple[list[int], list[int]]
             raise MeasuredRunError(f"measured run {str(path)!r}: setup.lengths={how} needs total_input_tokens and "
                                    "total_output_tokens")
         return _lengths_from_totals(int(n), int(data["total_input_tokens"]), int(data["total_output_tokens"]), how)
+    if n and "random_input_range" in setup and "random_output_range" in setup:
+        # A random dataset whose lengths were drawn from a range and not saved (InferenceX's `--random-range-ratio
+        # 0.8`: uniform in [0.8 L, L]): drawn again from it, seeded.
+        rng = np.random.default_rng(0)
+        return [rng.integers(low, high + 1, size=n).tolist() for low, high in
+                (setup["random_input_range"], setup["random_output_range"])]
     if n and "random_input_len" in setup and "random_output_len" in setup:
         if setup.get("random_range_ratio", 0.0):
             raise MeasuredRunError(
