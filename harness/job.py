@@ -61,6 +61,8 @@ def run_job(raw: DictConfig, run_dir: Path) -> dict:
               "tensor_parallel": getattr(cfg.runner, "tensor_parallel", 1),
               "num_gpus": len(replicas) * getattr(cfg.runner, "tensor_parallel", 1),
               "cost_model": type(replicas[0].runner.cost_model).__name__ if cfg.runner.name == "sim" else None,
+              # The serving engine a roofline modelled (its profile's name, or a file's, or `inline`).
+              "engine_profile": _engine_name(cfg.runner) if getattr(cfg.runner, "hardware", None) else None,
               "weights": _weights(cfg)}
     tables = [_tables(engine) for engine in replicas]
     requests = pd.concat([t[0] for t in tables]).sort_values("request_id").reset_index(drop=True)
@@ -125,3 +127,7 @@ def _weights(cfg: RunConfig) -> str | None:
 
 def _tables(engine: Engine) -> tuple[pd.DataFrame, pd.DataFrame]:
     return metrics.requests_table(engine.records), metrics.steps_table(engine.records, engine.allocator.num_blocks)
+
+
+def _engine_name(runner) -> str:
+    return runner.engine if isinstance(runner.engine, str) else "inline"

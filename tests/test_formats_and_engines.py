@@ -149,6 +149,7 @@ def test_the_models_of_2026_run_on_their_gpus(overrides, tmp_path):
                       tmp_path)
     assert summary["num_finished"] == 24 and summary["num_blocks"] > 1000
     assert 0.002 < summary["tpot_s_p50"] < 0.2
+    assert summary["engine_profile"] == "vllm-v1"  # the default: the newest engine with published runs
 
 
 def test_a_run_published_as_totals_keeps_its_work(tmp_path):

@@ -25,7 +25,10 @@ from harness.sim.measured import MeasuredRun, load_measured_runs
 # The figures a profile fit searches, and their ranges: calibrate's, with the compute share as a scale on the
 # hardware class's (1.0: as the engine the class figure was fitted on; 1.5 puts a Hopper at 77% of peak, about what
 # its best dense GEMMs reach).
-PROFILE_BOUNDS = {"compute_scale": (0.3, 1.5)} | {k: v for k, v in asdict(BOUNDS).items() if k != "compute_efficiency"}
+# A GPU server's scheduler takes milliseconds a step and microseconds a sequence, not the tens of milliseconds a fit of
+# bursts alone would trade for a slower GPU.
+PROFILE_BOUNDS = ({"compute_scale": (0.3, 1.5)} | {k: v for k, v in asdict(BOUNDS).items() if k != "compute_efficiency"}
+                  | {"step_overhead_s": (0.0, 0.004), "seq_overhead_s": (0.0, 2e-5)})
 SHOWN = {"output_throughput_tps": "tput", "tpot_s_p50": "TPOT p50", "ttft_s_p50": "TTFT p50", "e2e_s_mean": "E2E"}
 
 
@@ -81,7 +84,8 @@ def markdown(rows: list[dict]) -> str:
     lines = ["| run | role | model | " + " | ".join(SHOWN.values()) + " |", "|---" * (3 + len(SHOWN)) + "|"]
     for row in rows:
         cells = [f"{row[key]:+.1%}" if isinstance(row.get(key), float) else "" for key in SHOWN]
-        lines.append(f"| [{row['run']}]({row['source']}) | {row['role']} | {row['kind']} | " + " | ".join(cells) + " |")
+        link = f"[{row['run']}]({row['source'].split()[0]})"
+        lines.append(f"| {link} | {row['role']} | {row['kind']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -93,7 +97,7 @@ def write_profile(name: str, engine: EngineProfile, fitted: list[MeasuredRun], r
     comments = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
     data = yaml.safe_load(text)
     figures = {f.name: getattr(engine, f.name) for f in fields(EngineProfile) if f.name != "name"}
-    data |= {key: round(value, 8) if isinstance(value, float) else value for key, value in figures.items()}
+    data |= {key: float(f"{value:.4g}") if isinstance(value, float) else value for key, value in figures.items()}
     data["fitted_on"] = [run.name for run in fitted]
     data["errors"] = {row["run"]: {"role": row["role"]} | {key: round(row[key], 4) for key in SHOWN if key in row}
                       for row in rows}
