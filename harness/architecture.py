@@ -159,22 +159,23 @@ class Architecture:
             return 0.0
         return self.num_experts * (1 - (1 - self.experts_per_token / self.num_experts) ** num_tokens)
 
+    def _layers_params(self, experts_per_moe_layer: int) -> int:
+        """The layers' weights with this many routed experts counted in each MoE layer."""
+        dense = self.num_layers - self.num_moe_layers
+        moe = self.attention_params + self.expert_params * (experts_per_moe_layer + self.num_shared_experts) + \
+            self.router_params
+        return dense * (self.attention_params + self.mlp_params) + self.num_moe_layers * moe
+
     @property
     def layer_params(self) -> int:
         """Every weight of the layers, each expert included: what memory holds."""
-        dense = self.num_layers - self.num_moe_layers
-        moe = self.attention_params + self.expert_params * (self.num_experts + self.num_shared_experts) + \
-            self.router_params
-        return dense * (self.attention_params + self.mlp_params) + self.num_moe_layers * moe
+        return self._layers_params(self.num_experts)
 
     @property
     def active_layer_params(self) -> int:
         """The layers' weights one token multiplies: in a mixture, its `experts_per_token` experts and the shared
         ones, not all of them."""
-        dense = self.num_layers - self.num_moe_layers
-        moe = self.attention_params + self.expert_params * (self.experts_per_token + self.num_shared_experts) + \
-            self.router_params
-        return dense * (self.attention_params + self.mlp_params) + self.num_moe_layers * moe
+        return self._layers_params(self.experts_per_token)
 
     @property
     def embedding_params(self) -> int:

@@ -13,9 +13,9 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Annotated
 
-import yaml
 from pydantic import Field, ValidationError
 
+from harness.catalogue import catalogue_entry, catalogue_names
 from workloads.config import Strict, one_line
 
 CATALOGUE_DIR = Path(__file__).resolve().parents[2] / "conf" / "engine"
@@ -75,29 +75,13 @@ class EngineProfile:
 
 
 def engine_catalogue() -> list[str]:
-    return sorted(p.stem for p in CATALOGUE_DIR.glob("*.yaml"))
+    return catalogue_names(CATALOGUE_DIR)
 
 
 def get_engine(choice) -> EngineProfile:
     """`choice`: a catalogue name, a YAML file's path, or a mapping of the figures. Raises ValueError naming the
     problem (an unknown name lists the catalogue)."""
-    if isinstance(choice, str):
-        path = Path(choice).expanduser()
-        if path.suffix in (".yaml", ".yml") or "/" in choice:
-            if not path.is_file():
-                raise ValueError(f"engine profile file {choice!r} does not exist")
-            where = f"engine profile file {str(path)!r}"
-        elif (CATALOGUE_DIR / f"{choice}.yaml").is_file():
-            path, where = CATALOGUE_DIR / f"{choice}.yaml", f"engine {choice!r}"
-        else:
-            raise ValueError(f"unknown engine {choice!r}; the catalogue has {', '.join(engine_catalogue())} (or give "
-                             "a YAML file's path, or the figures inline)")
-        try:
-            choice = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            raise ValueError(f"{where} is not valid YAML: {e}") from None
-    else:
-        where = "runner.engine"
+    choice, where = catalogue_entry(choice, CATALOGUE_DIR, "engine", "runner.engine")
     try:
         spec = EngineSpec.model_validate(choice)
     except ValidationError as e:

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-import yaml
 from pydantic import Field, ValidationError
 
+from harness.catalogue import catalogue_entry, catalogue_names
 from workloads.config import Strict, one_line
 
 CATALOGUE_DIR = Path(__file__).resolve().parents[3] / "conf" / "hardware"
@@ -97,7 +97,7 @@ def catalogue_name(device_name: str, memory_bytes: float) -> str | None:
 
 
 def catalogue() -> list[str]:
-    return sorted(p.stem for p in CATALOGUE_DIR.glob("*.yaml"))
+    return catalogue_names(CATALOGUE_DIR)
 
 
 def get_hardware(choice) -> Hardware:
@@ -105,23 +105,7 @@ def get_hardware(choice) -> Hardware:
     the problem (an unknown name lists the catalogue)."""
     if choice == "cpu":
         return measure_cpu()
-    if isinstance(choice, str):
-        path = Path(choice).expanduser()
-        if path.suffix in (".yaml", ".yml") or "/" in choice:
-            if not path.is_file():
-                raise ValueError(f"hardware file {choice!r} does not exist")
-            where = f"hardware file {str(path)!r}"
-        elif (CATALOGUE_DIR / f"{choice}.yaml").is_file():
-            path, where = CATALOGUE_DIR / f"{choice}.yaml", f"hardware {choice!r}"
-        else:
-            raise ValueError(f"unknown hardware {choice!r}; the catalogue has {', '.join(catalogue())}, and cpu "
-                             "(or give a YAML file's path, or the figures inline)")
-        try:
-            choice = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            raise ValueError(f"{where} is not valid YAML: {e}") from None
-    else:
-        where = "runner.hardware"
+    choice, where = catalogue_entry(choice, CATALOGUE_DIR, "hardware", "runner.hardware", ", and cpu")
     try:
         return Hardware.from_spec(HardwareSpec.model_validate(choice))
     except ValidationError as e:
