@@ -126,7 +126,8 @@ def test_every_mixture_activates_what_its_card_says(name, billions):
 
 def test_an_unknown_model_lists_the_catalogue():
     with pytest.raises(ValueError, match=r"unknown model 'llama-9b': give a model of the catalogue \(conf/model/: "
-                                         r"deepseek-v3, gpt-oss-120b, .*\) or a folder holding the model's config.json"):
+                                         r"deepseek-v3, gpt-oss-120b, .*\) or a folder holding the model's "
+                                         r"config.json"):
         described_model("llama-9b")
     with pytest.raises(ValueError, match="unknown model 'hf'"):  # the hub model's entry describes no model
         described_model("hf")
