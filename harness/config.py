@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from harness.architecture import KV_DTYPES, QUANTIZATIONS
 from harness.model_spec import DTYPE_BYTES, read_model_config
+from harness.sim.engine_profile import DEFAULT_ENGINE
 from strategies.continuous import ORDERS
 from workloads.config import Count, Number, Positive, Seed, Strict, WorkloadConfig, one_line, plain_config
 
@@ -77,7 +78,7 @@ class SimRunnerConfig(Strict):
     hardware: str | dict | None = None  # roofline: a catalogue name, a YAML file, or the figures inline
     profile: str | None = None  # calibrated
     # The serving engine whose host costs and kernels the roofline models: a conf/engine/ name, a file, or figures.
-    engine: str | dict = "vllm-v1"
+    engine: str | dict = DEFAULT_ENGINE
     compute_efficiency: Fraction | Literal["auto"] = "auto"  # auto: the hardware class's, scaled by the engine's
     # Each of these replaces the engine profile's figure; None keeps it.
     memory_efficiency: Fraction | None = None

@@ -26,7 +26,7 @@ from harness.model_spec import described_model
 from harness.sim.calibration import BOUNDS, MOE_PARAMS, RooflineParams
 from harness.sim.costmodel import RooflineCostModel
 from harness.sim.costmodel.hardware import get_hardware
-from harness.sim.engine_profile import fixture_engine, get_engine
+from harness.sim.engine_profile import EngineProfile, fixture_engine, get_engine
 from harness.sim.measured import MeasuredRun, MeasuredRunError, load_measured_runs
 from harness.sim.replica import simulated_engine
 from harness.sim.runner import SimRunner
@@ -49,10 +49,16 @@ def run_architecture(run: MeasuredRun) -> Architecture:
     return _described(run.model, run.hardware, run.quantization, run.kv_cache_dtype)[1]
 
 
+@functools.cache
+def _profile(name: str) -> EngineProfile:
+    """An engine profile of the catalogue, read once: a fit simulates thousands of times."""
+    return get_engine(name)
+
+
 def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
     """The run's summary as the simulator predicts it with `params` (its engine's profile, the figures replaced)."""
     config, arch, hardware = _described(run.model, run.hardware, run.quantization, run.kv_cache_dtype)
-    engine = get_engine(fixture_engine(run.setup)).overridden(asdict(params))
+    engine = _profile(fixture_engine(run.setup)).overridden(asdict(params))
     if "async_scheduling" in run.setup:
         engine = engine.overridden({"async_scheduling": bool(run.setup["async_scheduling"])})
     costs = RooflineCostModel(arch, hardware, engine, params.compute_efficiency, run.tensor_parallel,
@@ -140,12 +146,16 @@ def fit(runs: list[MeasuredRun], start: RooflineParams, max_evaluations: int = 4
     return params(result.x), float(result.fun)
 
 
-def default_params(run: MeasuredRun) -> RooflineParams:
-    """The figures the simulator replays `run` with by default: its engine's profile (`conf/engine/`), with the
-    hardware class's compute efficiency scaled by the engine's."""
-    engine = get_engine(fixture_engine(run.setup))
+def profile_params(run: MeasuredRun, engine: EngineProfile) -> RooflineParams:
+    """The figures `run` is replayed with under `engine`: the engine's, with the compute share its GPU class reaches
+    in that engine (the hardware class's figure scaled by the engine's)."""
     figures = {name: getattr(engine, name) for name in asdict(BOUNDS) if name != "compute_efficiency"}
     return RooflineParams(get_hardware(run.hardware).compute_efficiency * engine.compute_scale, **figures)
+
+
+def default_params(run: MeasuredRun) -> RooflineParams:
+    """The figures the simulator replays `run` with by default: its own engine's profile (`conf/engine/`)."""
+    return profile_params(run, _profile(fixture_engine(run.setup)))
 
 
 def error_table(runs: list[MeasuredRun], predicted: list[dict], role: str) -> pd.DataFrame:

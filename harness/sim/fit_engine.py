@@ -16,9 +16,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from harness.sim.calibrate import WEIGHTS, relative_errors, run_architecture, simulate
-from harness.sim.calibration import BOUNDS, MOE_PARAMS, RooflineParams
-from harness.sim.costmodel.hardware import get_hardware
+from harness.sim.calibrate import WEIGHTS, profile_params, relative_errors, run_architecture, simulate
+from harness.sim.calibration import BOUNDS, MOE_PARAMS
 from harness.sim.engine_profile import CATALOGUE_DIR, EngineProfile, get_engine
 from harness.sim.measured import MeasuredRun, load_measured_runs
 
@@ -32,14 +31,8 @@ PROFILE_BOUNDS = ({"compute_scale": (0.3, 1.5)} | {k: v for k, v in asdict(BOUND
 SHOWN = {"output_throughput_tps": "tput", "tpot_s_p50": "TPOT p50", "ttft_s_p50": "TTFT p50", "e2e_s_mean": "E2E"}
 
 
-def run_params(run: MeasuredRun, engine: EngineProfile) -> RooflineParams:
-    """The figures `run` is replayed with under `engine`: the compute share its GPU class reaches in that engine."""
-    figures = {name: getattr(engine, name) for name in asdict(BOUNDS) if name != "compute_efficiency"}
-    return RooflineParams(get_hardware(run.hardware).compute_efficiency * engine.compute_scale, **figures)
-
-
 def errors(run: MeasuredRun, engine: EngineProfile) -> dict[str, float]:
-    return relative_errors(run, simulate(run, run_params(run, engine)))
+    return relative_errors(run, simulate(run, profile_params(run, engine)))
 
 
 def loss(runs: list[MeasuredRun], engine: EngineProfile) -> float:

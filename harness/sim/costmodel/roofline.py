@@ -63,6 +63,14 @@ class RooflineCostModel:
         # None: the hardware class's share of peak FLOP/s (`Hardware.compute_efficiency`), scaled by the engine's.
         self.compute_efficiency = compute_efficiency or hardware.compute_efficiency * engine.compute_scale
         self.memory_efficiency = engine.memory_efficiency
+        # What every step's cost is built from and no step changes: the parameters a token multiplies outside and
+        # inside its routed experts, the weights every step reads, one expert's bytes, attention per query-key pair.
+        self._routed_params = arch.num_moe_layers * arch.experts_per_token * arch.expert_params
+        self._dense_params = arch.active_layer_params - self._routed_params
+        self._dense_bytes = arch.dense_weight_bytes_read()
+        self._expert_bytes = arch.num_moe_layers * arch.expert_params * arch.expert_format_bytes
+        self._prefill_pair_flops = arch.attention_flops_per_pair(decode=False)
+        self._decode_pair_flops = arch.attention_flops_per_pair(decode=True)
 
     def host_seconds(self, shape: StepShape):
         """The engine's host work for a step: fixed, plus per sequence (rows of a padded rectangle included) and per
@@ -79,16 +87,13 @@ class RooflineCostModel:
     def gemm_flops(self, shape: StepShape):
         """Dense GEMMs (attention projections, dense and shared-expert MLPs, routers, the LM head) and the routed
         experts' GEMMs, over the step's tokens."""
-        a = self.arch
-        routed = a.num_moe_layers * a.experts_per_token * a.expert_params
-        dense = 2 * (a.active_layer_params - routed) * shape.num_tokens + 2 * a.embedding_params * shape.num_sampled
-        return dense, 2 * routed * shape.num_tokens
+        dense = 2 * self._dense_params * shape.num_tokens + 2 * self.arch.embedding_params * shape.num_sampled
+        return dense, 2 * self._routed_params * shape.num_tokens
 
     def attention_flops(self, shape: StepShape):
         a = self.arch
         prefill_pairs = shape.attention_pairs - shape.decode_pairs
-        per_layer = (a.attention_flops_per_pair(decode=False) * prefill_pairs
-                     + a.attention_flops_per_pair(decode=True) * shape.decode_pairs)
+        per_layer = self._prefill_pair_flops * prefill_pairs + self._decode_pair_flops * shape.decode_pairs
         full = a.num_full_layers * per_layer
         if not a.num_sliding_layers:
             return full
@@ -109,19 +114,23 @@ class RooflineCostModel:
     def experts_per_gpu(self, num_tokens):
         """Touched experts the busiest GPU works on, per MoE layer: a slice of every one (tensor parallel), or its own
         (expert parallel): the mean share plus the spread of a binomial's maximum over N GPUs."""
+        return self._busiest(self.arch.experts_touched(num_tokens))
+
+    def expert_bytes_per_gpu(self, num_tokens):
+        """The routed experts' bytes the busiest GPU reads: 1/N of every touched expert, or its own whole ones."""
+        return self._expert_bytes_of(self._busiest(self.arch.experts_touched(num_tokens)))
+
+    def _busiest(self, touched):
+        """`experts_per_gpu` from the experts a step touches."""
         a, n = self.arch, self.tensor_parallel
-        touched = a.experts_touched(num_tokens)
         if not self.expert_parallel or n == 1:
             return touched
         chance = touched / a.num_experts
         local = a.num_experts / n
         return local * chance + np.sqrt(local * chance * (1 - chance)) * math.sqrt(2 * math.log(n))
 
-    def expert_bytes_per_gpu(self, num_tokens):
-        """The routed experts' bytes the busiest GPU reads: 1/N of every touched expert, or its own whole ones."""
-        a, n = self.arch, self.tensor_parallel
-        per_expert = a.num_moe_layers * a.expert_params * a.expert_format_bytes
-        return self.experts_per_gpu(num_tokens) * per_expert / (1 if self.expert_parallel else n)
+    def _expert_bytes_of(self, experts_per_gpu):
+        return experts_per_gpu * self._expert_bytes / (1 if self.expert_parallel else self.tensor_parallel)
 
     def allreduce_s(self, shape: StepShape):
         """Two ring all-reduces per layer of the step's activations `[T, hidden]`; none on one GPU."""
@@ -148,14 +157,15 @@ class RooflineCostModel:
         memory = self.hardware.memory_bandwidth * self.memory_efficiency
         gemm_peak = self.hardware.gemm_peak(a.weight_format_bytes) * compute
         dense_flops, expert_flops = self.gemm_flops(shape)
-        seconds = np.maximum(dense_flops / gemm_peak, a.dense_weight_bytes_read() / n / memory)
+        seconds = np.maximum(dense_flops / gemm_peak, self._dense_bytes / n / memory)
         if a.num_experts:
             expert_peak = self.hardware.gemm_peak(a.expert_format_bytes) * compute
-            per_expert = shape.num_tokens * a.experts_per_token / np.maximum(a.experts_touched(shape.num_tokens), 1e-9)
+            touched = a.experts_touched(shape.num_tokens)  # per MoE layer, all GPUs together
+            per_expert = shape.num_tokens * a.experts_per_token / np.maximum(touched, 1e-9)
+            busiest = self._busiest(touched)
             seconds = seconds + np.maximum(expert_flops / (expert_peak * self.engine.moe_share(per_expert)),
-                                           self.expert_bytes_per_gpu(shape.num_tokens) / memory)
-            touched = self.experts_per_gpu(shape.num_tokens)
-            seconds = seconds + a.num_moe_layers * touched * self.engine.expert_overhead_s
+                                           self._expert_bytes_of(busiest) / memory)
+            seconds = seconds + a.num_moe_layers * busiest * self.engine.expert_overhead_s
         kv_per_gpu = self.kv_bytes(shape) / a.kv_shards(n)
         attention = np.maximum(self.attention_flops(shape) / (self.hardware.peak_flops * compute), kv_per_gpu / memory)
         return seconds + attention + self.allreduce_s(shape)
