@@ -16,8 +16,9 @@ It covers the attention and expert layouts of 2026's open models:
 
 from dataclasses import dataclass
 
-# Bytes a weight takes in each format. fp4 is MXFP4 (OCP microscaling): 4-bit elements with one 8-bit scale per 32,
-# 4.25 bits; fp8's per-block scales (one per 128 x 128) are too few to count.
+# Bytes a weight takes in each format. fp4 is MXFP4 (OCP Microscaling Formats (MX) Specification v1.0: 4-bit E2M1
+# elements sharing one 8-bit E8M0 scale per block of 32), 4.25 bits; fp8's per-block scales (one per 128 x 128, as
+# DeepSeek-V3's config gives them) are too few to count.
 FORMAT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 4.25 / 8}
 QUANTIZATIONS = ("auto", "bf16", "fp8", "fp4")  # model.quantization; auto: the checkpoint's own (its catalogue entry)
 KV_DTYPES = ("auto", "bf16", "fp8")  # kv_cache.dtype; auto: the compute dtype
@@ -252,7 +253,7 @@ def _weight_formats(config, quantization: str | None) -> dict:
     if quantization not in (None, "auto"):
         return {"weight_bytes_per_param": FORMAT_BYTES[quantization]}
     fmt = checkpoint_format(config)
-    keep = config_value(config_value(config, "quantization_config", {}) or {}, "modules_to_not_convert", []) or []
+    keep = config_value(_quantization_config(config), "modules_to_not_convert", []) or []
     if fmt and any("attn" in module for module in keep):
         return {"expert_bytes_per_param": FORMAT_BYTES[fmt]}
     return {"weight_bytes_per_param": _format_bytes(fmt)}
@@ -261,15 +262,19 @@ def _weight_formats(config, quantization: str | None) -> dict:
 def checkpoint_format(config) -> str | None:
     """The format a checkpoint ships its layers' weights in, from its config's `quantization_config` (DeepSeek-V3's
     `fp8`, gpt-oss's `mxfp4`, NVIDIA's ModelOpt FP8 and NVFP4); None: unquantized, the compute dtype."""
-    method = str(config_value(config_value(config, "quantization_config", {}) or {}, "quant_method", "")).lower()
+    quantized = _quantization_config(config)
+    method = str(config_value(quantized, "quant_method", "")).lower()
     if method in ("fp8", "fbgemm_fp8"):
         return "fp8"
     if method in ("mxfp4", "nvfp4", "modelopt_fp4"):
         return "fp4"
     if method == "modelopt":
-        algo = str(config_value(config_value(config, "quantization_config", {}), "quant_algo", "")).lower()
-        return {"fp8": "fp8", "nvfp4": "fp4"}.get(algo)
+        return {"fp8": "fp8", "nvfp4": "fp4"}.get(str(config_value(quantized, "quant_algo", "")).lower())
     return None
+
+
+def _quantization_config(config):
+    return config_value(config, "quantization_config", {}) or {}
 
 
 def _format_bytes(name: str | None) -> float | None:

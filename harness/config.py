@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from harness.architecture import KV_DTYPES, QUANTIZATIONS
 from harness.model_spec import DTYPE_BYTES, read_model_config
-from harness.sim.engine_profile import DEFAULT_ENGINE
+from harness.sim.engine_profile import DEFAULT_ENGINE, get_engine
 from strategies.continuous import ORDERS
 from workloads.config import Count, Number, Positive, Seed, Strict, WorkloadConfig, one_line, plain_config
 
@@ -118,8 +118,6 @@ class SimRunnerConfig(Strict):
             raise ValueError(f"profile {self.profile!r} does not exist; make one with python -m "
                              "harness.sim.step_profile")
         if self.hardware:
-            from harness.sim.engine_profile import get_engine
-
             get_engine(self.engine)  # an unknown name, a missing file or a missing figure: its ValueError
         return self
 

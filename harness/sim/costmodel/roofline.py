@@ -113,7 +113,8 @@ class RooflineCostModel:
 
     def experts_per_gpu(self, num_tokens):
         """Touched experts the busiest GPU works on, per MoE layer: a slice of every one (tensor parallel), or its own
-        (expert parallel): the mean share plus the spread of a binomial's maximum over N GPUs."""
+        (expert parallel): the mean share plus the spread of the maximum over N GPUs, about sigma sqrt(2 ln N) above
+        the mean for N draws near a normal one."""
         return self._busiest(self.arch.experts_touched(num_tokens))
 
     def expert_bytes_per_gpu(self, num_tokens):
