@@ -51,3 +51,11 @@ def test_the_repeats_of_a_load_are_grouped_by_their_folder_whatever_their_names(
     assert {run.load for run in runs} == {"concurrency-2"}
     table = repeat_table(runs, [simulate(run, default_params(run)) for run in runs], "held out")
     assert list(table.load) == ["concurrency-2"] and table.repeats[0] == 3
+
+
+def test_a_restarted_search_ends_no_worse_than_one_search():
+    runs = load_measured_runs([str(MEASURED / f"concurrency-{c}" / "seed-1") for c in (1, 16)], SETUP)
+    start = default_params(runs[0])
+    _, once = fit(runs, start, max_evaluations=20, max_rounds=1)
+    _, restarted = fit(runs, start, max_evaluations=20, max_rounds=2)
+    assert restarted <= once

@@ -31,6 +31,8 @@ class HardwareSpec(Strict):
     name: str
     bf16_tflops: Annotated[float, Field(gt=0)]
     memory_bandwidth_gbps: Annotated[float, Field(gt=0)]
+    # What the device reports (NVML's total, as vLLM sizes its cache from it), where known: a datasheet's "80 GB" is
+    # 80 GiB less what the driver keeps, 85.5 GB on an H100. Else the datasheet's figure.
     memory_gb: Annotated[float, Field(gt=0)]
     interconnect_gbps: Annotated[float, Field(gt=0)]  # GPU-to-GPU in its usual node, both directions together
     # Dense tensor-core peaks of the narrower formats, where the GPU has them (FP8 on Hopper, Ada, Blackwell and
