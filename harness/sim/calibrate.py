@@ -128,7 +128,7 @@ def fit(runs: list[MeasuredRun], start: RooflineParams, max_evaluations: int = 4
     restarted from its own answer (up to `max_rounds` searches of `max_evaluations` simulations) while a restart
     still gains 5%. Powell's search directions collapse along a valley of parameters that trade for each other (a
     step's host time against its weights' reading): one search fitting vLLM's runs here from the V1 profile stopped
-    at a loss of 0.085, the restart from there reached 0.023. The expert GEMMs' figures are searched only when some
+    at a loss of 0.085, the restart from there reached 0.021. The expert GEMMs' figures are searched only when some
     run served a mixture of experts."""
     from scipy.optimize import minimize
 
