@@ -11,6 +11,7 @@ expert GEMMs' efficiency) that minimise the squared log errors over a set of run
 import argparse
 import functools
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -111,46 +112,58 @@ def relative_errors(run: MeasuredRun, predicted: dict) -> dict[str, float]:
     }
 
 
-def loss(runs: list[MeasuredRun], params: RooflineParams) -> float:
-    """Mean weighted squared log error over every run's matched metrics."""
+def error_loss(errors: Iterable[dict[str, float]]) -> float:
+    """Mean weighted squared log error over the matched metrics of each run's relative `errors`."""
     total = weight = 0.0
-    for run in runs:
-        for key, error in relative_errors(run, simulate(run, params)).items():
+    for run_errors in errors:
+        for key, error in run_errors.items():
             total += WEIGHTS[key] * math.log1p(max(error, -0.99)) ** 2
             weight += WEIGHTS[key]
     return total / weight
 
 
-def fit(runs: list[MeasuredRun], start: RooflineParams, max_evaluations: int = 400,
-        max_rounds: int = 2) -> tuple[RooflineParams, float]:
-    """The parameters that best reproduce `runs`, and their loss: a bounded Powell search from `start`, in
-    coordinates scaled to each parameter's range (an efficiency and a per-sequence overhead differ by 10^4),
-    restarted from its own answer (up to `max_rounds` searches of `max_evaluations` simulations) while a restart
-    still gains 5%. Powell's search directions collapse along a valley of parameters that trade for each other (a
-    step's host time against its weights' reading): one search fitting vLLM's runs here from the V1 profile stopped
-    at a loss of 0.085, the restart from there reached 0.021. The expert GEMMs' figures are searched only when some
-    run served a mixture of experts."""
+def loss(runs: list[MeasuredRun], params: RooflineParams) -> float:
+    return error_loss(relative_errors(run, simulate(run, params)) for run in runs)
+
+
+def bounded_search(start, bounds: dict[str, tuple[float, float]], loss_of: Callable, max_evaluations: int,
+                   max_rounds: int = 1):
+    """The figures named in `bounds` of the dataclass `start` that minimise `loss_of(candidate)`, and that loss: a
+    bounded Powell search from `start` in coordinates scaled to each figure's range (an efficiency and a
+    per-sequence overhead differ by 10^4), restarted from its own answer (up to `max_rounds` searches of
+    `max_evaluations` evaluations) while a restart still gains 5%."""
     from scipy.optimize import minimize
 
-    names = [name for name in asdict(BOUNDS) if name not in MOE_PARAMS
-             or any(run_architecture(run).num_experts for run in runs)]
-    low, high = (np.array([getattr(BOUNDS, name)[i] for name in names]) for i in (0, 1))
+    names = list(bounds)
+    low, high = (np.array([bounds[name][i] for name in names]) for i in (0, 1))
 
-    def params(x: np.ndarray) -> RooflineParams:
+    def candidate(x: np.ndarray):
         values = low + np.clip(x, 0.0, 1.0) * (high - low)
         return replace(start, **{name: float(v) for name, v in zip(names, values)})
 
     x = np.clip((np.array([getattr(start, name) for name in names]) - low) / (high - low), 0.0, 1.0)
     best = math.inf
     for _ in range(max_rounds):
-        result = minimize(lambda x: loss(runs, params(x)), x, method="Powell", bounds=[(0.0, 1.0)] * len(x),
+        result = minimize(lambda x: loss_of(candidate(x)), x, method="Powell", bounds=[(0.0, 1.0)] * len(x),
                           options={"xtol": 1e-3, "ftol": 1e-4, "maxfev": max_evaluations})
         gained = best - result.fun
         if result.fun < best:
             x, best = result.x, float(result.fun)
         if gained < 0.05 * best:
             break
-    return params(x), best
+    return candidate(x), best
+
+
+def fit(runs: list[MeasuredRun], start: RooflineParams, max_evaluations: int = 400,
+        max_rounds: int = 2) -> tuple[RooflineParams, float]:
+    """The parameters that best reproduce `runs`, and their loss (`bounded_search` from `start`). Restarted once by
+    default: Powell's search directions collapse along a valley of parameters that trade for each other (a step's
+    host time against its weights' reading): one search fitting vLLM's runs here from the V1 profile stopped at a
+    loss of 0.085, the restart from there reached 0.021. The expert GEMMs' figures are searched only when some run
+    served a mixture of experts."""
+    moe = any(run_architecture(run).num_experts for run in runs)
+    bounds = {name: tuple(limits) for name, limits in asdict(BOUNDS).items() if moe or name not in MOE_PARAMS}
+    return bounded_search(start, bounds, lambda params: loss(runs, params), max_evaluations, max_rounds)
 
 
 def profile_params(run: MeasuredRun, engine: EngineProfile) -> RooflineParams:

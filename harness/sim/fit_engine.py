@@ -9,14 +9,19 @@ into the profile's file; `--markdown` prints the tables the README's grounding s
 """
 
 import argparse
-import math
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, fields
 from pathlib import Path
 
-import numpy as np
 import yaml
 
-from harness.sim.calibrate import WEIGHTS, profile_params, relative_errors, run_architecture, simulate
+from harness.sim.calibrate import (
+    bounded_search,
+    error_loss,
+    profile_params,
+    relative_errors,
+    run_architecture,
+    simulate,
+)
 from harness.sim.calibration import BOUNDS, MOE_PARAMS
 from harness.sim.engine_profile import CATALOGUE_DIR, EngineProfile, get_engine
 from harness.sim.measured import MeasuredRun, load_measured_runs
@@ -35,32 +40,15 @@ def errors(run: MeasuredRun, engine: EngineProfile) -> dict[str, float]:
 
 
 def loss(runs: list[MeasuredRun], engine: EngineProfile) -> float:
-    """Mean weighted squared log error over every run's matched metrics."""
-    total = weight = 0.0
-    for run in runs:
-        for key, error in errors(run, engine).items():
-            total += WEIGHTS[key] * math.log1p(max(error, -0.99)) ** 2
-            weight += WEIGHTS[key]
-    return total / weight
+    return error_loss(errors(run, engine) for run in runs)
 
 
 def fit_profile(runs: list[MeasuredRun], start: EngineProfile, max_evaluations: int) -> tuple[EngineProfile, float]:
-    """The profile that best reproduces `runs` from `start`: a bounded Powell search in coordinates scaled to each
-    figure's range; the expert GEMMs' figures only when some run served a mixture of experts."""
-    from scipy.optimize import minimize
-
+    """The profile that best reproduces `runs` from `start`: one `bounded_search` (the profiles in `conf/engine/`
+    were fitted with one); the expert GEMMs' figures only when some run served a mixture of experts."""
     moe = any(run_architecture(run).num_experts for run in runs)
-    names = [name for name in PROFILE_BOUNDS if moe or name not in MOE_PARAMS]
-    low, high = (np.array([PROFILE_BOUNDS[name][i] for name in names]) for i in (0, 1))
-
-    def profile(x: np.ndarray) -> EngineProfile:
-        values = low + np.clip(x, 0.0, 1.0) * (high - low)
-        return replace(start, **{name: float(v) for name, v in zip(names, values)})
-
-    x0 = np.clip((np.array([getattr(start, name) for name in names]) - low) / (high - low), 0.0, 1.0)
-    result = minimize(lambda x: loss(runs, profile(x)), x0, method="Powell", bounds=[(0.0, 1.0)] * len(names),
-                      options={"xtol": 1e-3, "ftol": 1e-4, "maxfev": max_evaluations})
-    return profile(result.x), float(result.fun)
+    bounds = {name: limits for name, limits in PROFILE_BOUNDS.items() if moe or name not in MOE_PARAMS}
+    return bounded_search(start, bounds, lambda engine: loss(runs, engine), max_evaluations)
 
 
 def error_rows(runs: list[MeasuredRun], engine: EngineProfile, role: str) -> list[dict]:

@@ -111,18 +111,14 @@ class RooflineCostModel:
         sliding = a.num_sliding_layers * a.kv_width * a.kv_element_bytes
         return read + sliding * (np.minimum(shape.kv_tokens_read, shape.num_rows * a.sliding_window) + shape.num_tokens)
 
-    def experts_per_gpu(self, num_tokens):
-        """Touched experts the busiest GPU works on, per MoE layer: a slice of every one (tensor parallel), or its own
-        (expert parallel): the mean share plus the spread of the maximum over N GPUs, about sigma sqrt(2 ln N) above
-        the mean for N draws near a normal one."""
-        return self._busiest(self.arch.experts_touched(num_tokens))
-
     def expert_bytes_per_gpu(self, num_tokens):
         """The routed experts' bytes the busiest GPU reads: 1/N of every touched expert, or its own whole ones."""
         return self._expert_bytes_of(self._busiest(self.arch.experts_touched(num_tokens)))
 
     def _busiest(self, touched):
-        """`experts_per_gpu` from the experts a step touches."""
+        """Of the experts a step touches per MoE layer, those the busiest GPU works on: a slice of every one (tensor
+        parallel), or its own (expert parallel): the mean share plus the spread of the maximum over N GPUs, about
+        sigma sqrt(2 ln N) above the mean for N draws near a normal one."""
         a, n = self.arch, self.tensor_parallel
         if not self.expert_parallel or n == 1:
             return touched
