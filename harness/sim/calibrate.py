@@ -131,7 +131,7 @@ def bounded_search(start, bounds: dict[str, tuple[float, float]], loss_of: Calla
     """The figures named in `bounds` of the dataclass `start` that minimise `loss_of(candidate)`, and that loss: a
     bounded Powell search from `start` in coordinates scaled to each figure's range (an efficiency and a
     per-sequence overhead differ by 10^4), restarted from its own answer (up to `max_rounds` searches of
-    `max_evaluations` evaluations) while a restart still gains 5%."""
+    `max_evaluations` evaluations) while a restart still gains 5% (our threshold)."""
     from scipy.optimize import minimize
 
     names = list(bounds)
