@@ -90,6 +90,9 @@ class SimRunnerConfig(Strict):
     # The front end's serial work per request (one event loop parses, tokenizes and hands requests on one by one):
     # the least time between two requests reaching the engine.
     frontend_service_s: Annotated[Number, Field(ge=0, le=10)] | None = None
+    # The API the simulated clients call: the chat endpoint adds the engine's `chat_latency_s` to the front end's.
+    endpoint: Literal["completions", "chat"] = "completions"
+    chat_latency_s: Annotated[Number, Field(ge=0, le=60)] | None = None
     async_scheduling: bool | None = None  # the host schedules the next step while the GPU runs this one
     # A mixture of experts' grouped GEMMs: their share of the dense GEMMs' efficiency with many tokens per expert,
     # the tokens per expert at which they reach half of it, and the GPU time each touched expert costs a layer.

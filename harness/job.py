@@ -19,7 +19,7 @@ from harness.core.replay import replay
 from harness.environment import environment
 from harness.machine_load import MachineLoad, measurement
 from harness.run_parts import configured_replica, device_caps, device_num_blocks, load_workload
-from harness.sim.engine_profile import configured_engine
+from harness.sim.engine_profile import configured_engine, frontend_latency
 from harness.sim.replica import simulated_replicas
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ def run_job(raw: DictConfig, run_dir: Path) -> dict:
         with load or contextlib.nullcontext():
             replay(replicas, workload.requests, route, progress=cfg.progress, desc=cfg.strategy.name,
                    max_concurrency=cfg.workload.max_concurrency,
-                   frontend_latency_s=engine.frontend_latency_s if engine else 0.0,
+                   frontend_latency_s=frontend_latency(engine, cfg.runner.endpoint) if engine else 0.0,
                    frontend_service_s=engine.frontend_service_s if engine else 0.0)
     except RunInterrupted as stop:
         interrupted = stop  # write what was measured, marked partial, then let the entry point say so

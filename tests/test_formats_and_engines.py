@@ -174,6 +174,39 @@ def test_a_run_published_as_totals_keeps_its_work(tmp_path):
         load_measured(tmp_path / "run.json")
 
 
+def test_the_chat_endpoint_adds_its_latency_to_every_ttft_of_a_closed_loop(tmp_path):
+    from harness.sim.calibrate import default_params, pinned_params, simulate
+    from harness.sim.measured import MeasuredRunError, load_measured
+
+    path = ROOT / "tests" / "fixtures" / "published" / "gpustack" / "gpustack-h100-qwen3-8b-vllm-bs1.json"
+    chat = load_measured(path)
+    data = json.loads(path.read_text())
+    del data["setup"]["endpoint"]
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    completions = load_measured(tmp_path / "run.json")
+    assert (chat.endpoint, completions.endpoint) == ("chat", "completions")
+    params = dataclasses.replace(default_params(chat), chat_latency_s=0.05)
+    # One request at a time reaches an idle engine: the chat template's time is all the difference.
+    assert simulate(chat, params)["ttft_s_p50"] - simulate(completions, params)["ttft_s_p50"] == pytest.approx(0.05)
+    assert "chat_latency_s" in pinned_params([chat]) and "chat_latency_s" not in pinned_params([completions])
+    data["setup"]["endpoint"] = "/v1/chat/completions"
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    with pytest.raises(MeasuredRunError, match="setup.endpoint is '/v1/chat/completions'; it must be one of "
+                                               "completions, chat"):
+        load_measured(tmp_path / "run.json")
+
+
+def test_a_simulated_client_of_the_chat_endpoint_waits_for_its_template(tmp_path):
+    base = ["runner=sim", "runner.hardware=h100", "model=qwen3-8b", "workload=random", "workload.num_requests=8",
+            "workload.max_concurrency=1", "runner.chat_latency_s=0.25", "progress=false"]
+    completions = run_job(compose_config(base), tmp_path / "completions")
+    chat = run_job(compose_config([*base, "runner.endpoint=chat"]), tmp_path / "chat")
+    assert chat["ttft_s_p50"] - completions["ttft_s_p50"] == pytest.approx(0.25, abs=1e-6)
+    assert chat["tpot_s_p50"] == pytest.approx(completions["tpot_s_p50"])
+    with pytest.raises(ConfigError, match="runner.endpoint"):
+        validate(compose_config(["runner=sim", "runner.hardware=h100", "runner.endpoint=responses"]))
+
+
 PUBLISHED = sorted((ROOT / "tests" / "fixtures" / "published").rglob("*.json"))
 
 

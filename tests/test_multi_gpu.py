@@ -130,7 +130,7 @@ def test_calibrate_fits_measured_runs_and_reports_the_held_out(tmp_path):
     written = yaml.safe_load(out.read_text())
     assert set(written["params"]) == {"compute_efficiency", "memory_efficiency", "step_overhead_s",
                                       "seq_overhead_s", "token_overhead_s", "frontend_latency_s",
-                                      "frontend_service_s", "moe_efficiency", "moe_tokens_half",
+                                      "frontend_service_s", "chat_latency_s", "moe_efficiency", "moe_tokens_half",
                                       "expert_overhead_s"}
     assert written["errors"]["kvcached-h100-qwen3-0.6b-rate-16"]["output_throughput_tps"] == pytest.approx(0,
                                                                                                            abs=0.05)

@@ -163,9 +163,10 @@ def test_a_roofline_simulation_of_llama_2_7b_on_an_h100(tmp_path):
 
 
 def test_a_simulated_cluster_reports_each_replica(tmp_path):
+    # Synchronous scheduling, so that the host's time shows beside the GPU's (async hides it behind a 7B decode).
     summary = run_job(sim_config("model=llama-2-7b", "runner.hardware=h100", "workload.num_requests=30",
-                                 "workload.rate=20", "runner.replicas=3", "runner.router=least_outstanding"),
-                      tmp_path)
+                                 "workload.rate=20", "runner.replicas=3", "runner.router=least_outstanding",
+                                 "runner.async_scheduling=false"), tmp_path)
     assert summary["replicas"] == 3 and summary["num_finished"] == 30
     replicas = pd.read_csv(tmp_path / "replicas.csv")
     assert len(replicas) == 3 and replicas.num_finished.sum() == 30

@@ -24,10 +24,10 @@ from harness.architecture import Architecture
 from harness.core.replay import replay
 from harness.core.replica import build_replica
 from harness.model_spec import described_model
-from harness.sim.calibration import BOUNDS, MOE_PARAMS, RooflineParams
+from harness.sim.calibration import BOUNDS, CHAT_PARAMS, MOE_PARAMS, RooflineParams
 from harness.sim.costmodel import RooflineCostModel
 from harness.sim.costmodel.hardware import get_hardware
-from harness.sim.engine_profile import EngineProfile, fixture_engine, get_engine
+from harness.sim.engine_profile import EngineProfile, fixture_engine, frontend_latency, get_engine
 from harness.sim.measured import MeasuredRun, MeasuredRunError, load_measured_runs
 from harness.sim.replica import simulated_engine
 from harness.sim.runner import SimRunner
@@ -88,7 +88,7 @@ def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
         [engine],
         run.requests,
         max_concurrency=run.max_concurrency,
-        frontend_latency_s=params.frontend_latency_s if run.served_over_http else 0.0,
+        frontend_latency_s=frontend_latency(params, run.endpoint) if run.served_over_http else 0.0,
         frontend_service_s=params.frontend_service_s if run.served_over_http else 0.0,
     )
     records = engine.records
@@ -131,7 +131,9 @@ def bounded_search(start, bounds: dict[str, tuple[float, float]], loss_of: Calla
     """The figures named in `bounds` of the dataclass `start` that minimise `loss_of(candidate)`, and that loss: a
     bounded Powell search from `start` in coordinates scaled to each figure's range (an efficiency and a
     per-sequence overhead differ by 10^4), restarted from its own answer (up to `max_rounds` searches of
-    `max_evaluations` evaluations) while a restart still gains 5% (our threshold)."""
+    `max_evaluations` evaluations) while a restart still gains 5% (our threshold). A search that ends worse than
+    where it started (scipy's bounded Powell can: fitting the `sglang` profile once ended at a loss of 0.068 from a
+    start of 0.063) gives the start back."""
     from scipy.optimize import minimize
 
     names = list(bounds)
@@ -142,6 +144,7 @@ def bounded_search(start, bounds: dict[str, tuple[float, float]], loss_of: Calla
         return replace(start, **{name: float(v) for name, v in zip(names, values)})
 
     x = np.clip((np.array([getattr(start, name) for name in names]) - low) / (high - low), 0.0, 1.0)
+    start_loss = loss_of(candidate(x))
     best = math.inf
     for _ in range(max_rounds):
         result = minimize(lambda x: loss_of(candidate(x)), x, method="Powell", bounds=[(0.0, 1.0)] * len(x),
@@ -151,7 +154,7 @@ def bounded_search(start, bounds: dict[str, tuple[float, float]], loss_of: Calla
             x, best = result.x, float(result.fun)
         if gained < 0.05 * best:
             break
-    return candidate(x), best
+    return (candidate(x), best) if best <= start_loss else (start, start_loss)
 
 
 def fit(runs: list[MeasuredRun], start: RooflineParams, max_evaluations: int = 400,
@@ -160,10 +163,17 @@ def fit(runs: list[MeasuredRun], start: RooflineParams, max_evaluations: int = 4
     default: Powell's search directions collapse along a valley of parameters that trade for each other (a step's
     host time against its weights' reading): one search fitting vLLM's runs here from the V1 profile stopped at a
     loss of 0.085, the restart from there reached 0.021. The expert GEMMs' figures are searched only when some run
-    served a mixture of experts."""
-    moe = any(run_architecture(run).num_experts for run in runs)
-    bounds = {name: tuple(limits) for name, limits in asdict(BOUNDS).items() if moe or name not in MOE_PARAMS}
+    served a mixture of experts, the chat endpoint's latency only when some run was sent to it."""
+    bounds = {name: tuple(limits) for name, limits in asdict(BOUNDS).items() if name in pinned_params(runs)}
     return bounded_search(start, bounds, lambda params: loss(runs, params), max_evaluations, max_rounds)
+
+
+def pinned_params(runs: list[MeasuredRun]) -> set[str]:
+    """The figures `runs` can pin: the expert GEMMs' only with a mixture of experts among them, the chat endpoint's
+    latency only with a run sent to it."""
+    moe = any(run_architecture(run).num_experts for run in runs)
+    chat = any(run.endpoint == "chat" for run in runs)
+    return {name for name in asdict(BOUNDS) if (moe or name not in MOE_PARAMS) and (chat or name not in CHAT_PARAMS)}
 
 
 def profile_params(run: MeasuredRun, engine: EngineProfile) -> RooflineParams:

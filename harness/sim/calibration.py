@@ -16,6 +16,7 @@ class RooflineParams:
     token_overhead_s: float
     frontend_latency_s: float
     frontend_service_s: float
+    chat_latency_s: float = 0.0
     moe_efficiency: float = 1.0
     moe_tokens_half: float = 0.0
     expert_overhead_s: float = 0.0
@@ -30,12 +31,15 @@ BOUNDS = RooflineParams(
     token_overhead_s=(0.0, 5e-5),
     frontend_latency_s=(0.0, 0.1),
     frontend_service_s=(0.0, 0.02),
+    chat_latency_s=(0.0, 0.1),
     moe_efficiency=(0.05, 1.0),
     moe_tokens_half=(0.0, 256.0),
     expert_overhead_s=(0.0, 2e-5),
 )
 # Fitted only where a fit has runs of a mixture of experts: dense runs do not pin them.
 MOE_PARAMS = ("moe_efficiency", "moe_tokens_half", "expert_overhead_s")
+# Fitted only where a fit has runs a client sent to the chat endpoint: completions runs do not pin it.
+CHAT_PARAMS = ("chat_latency_s",)
 
 
 def load_calibration(path: str | Path) -> dict:
@@ -46,8 +50,9 @@ def load_calibration(path: str | Path) -> dict:
         raise ValueError(f"runner.calibration: cannot read {str(path)!r}: {e}") from None
     figures = data.get("params") if isinstance(data, dict) else None
     if isinstance(figures, dict):
-        # Files fitted before the per-token overhead and the MoE figures existed were fitted without them.
-        figures = {"token_overhead_s": 0.0, "moe_efficiency": 1.0, "moe_tokens_half": 0.0,
+        # Files fitted before the per-token overhead, the MoE figures and the chat endpoint's latency existed were
+        # fitted without them.
+        figures = {"token_overhead_s": 0.0, "chat_latency_s": 0.0, "moe_efficiency": 1.0, "moe_tokens_half": 0.0,
                    "expert_overhead_s": 0.0} | figures
     if not isinstance(figures, dict) or set(figures) != set(asdict(BOUNDS)):
         raise ValueError(f"runner.calibration: {str(path)!r} is not a file written by python -m "

@@ -39,6 +39,7 @@ class EngineSpec(Strict):
     token_overhead_s: Seconds
     frontend_latency_s: Seconds
     frontend_service_s: Seconds
+    chat_latency_s: Seconds = 0.0
     async_scheduling: bool = False
     moe_efficiency: Share = 1.0
     moe_tokens_half: Annotated[float, Field(ge=0)] = 0.0
@@ -55,6 +56,9 @@ class EngineProfile:
     token_overhead_s: float  # and per token in the step (building positions and cache slots)
     frontend_latency_s: float  # from a client's send to the engine's queue (HTTP, tokenization)
     frontend_service_s: float  # the front end's serial work per request
+    # What the chat endpoint adds to that latency: the request's messages rendered through the model's chat template
+    # and the chat serving path's own work, before its prompt is tokenized as a completion's is.
+    chat_latency_s: float = 0.0
     async_scheduling: bool = False  # the host's step work overlaps the GPU's previous step
     # Expert GEMMs (grouped, one small GEMM per expert) reach `moe_efficiency` of the dense GEMMs' compute
     # efficiency with many tokens per expert, and half that at `moe_tokens_half` tokens per expert.
@@ -99,6 +103,12 @@ def fixture_engine(setup: dict) -> str:
     if engine == "sglang":
         return "sglang"
     return "vllm-0.5" if version.startswith(("0.4", "0.5")) else DEFAULT_ENGINE
+
+
+def frontend_latency(figures, endpoint: str) -> float:
+    """A request's time from the client's send to the engine's queue through `endpoint` (completions or chat), from
+    an engine profile's figures or a calibration's."""
+    return figures.frontend_latency_s + (figures.chat_latency_s if endpoint == "chat" else 0.0)
 
 
 def configured_engine(runner_cfg) -> EngineProfile:

@@ -17,12 +17,13 @@ import yaml
 from harness.sim.calibrate import (
     bounded_search,
     error_loss,
+    pinned_params,
     profile_params,
     relative_errors,
     run_architecture,
     simulate,
 )
-from harness.sim.calibration import BOUNDS, MOE_PARAMS
+from harness.sim.calibration import BOUNDS
 from harness.sim.engine_profile import CATALOGUE_DIR, EngineProfile, get_engine
 from harness.sim.measured import MeasuredRun, load_measured_runs
 
@@ -45,9 +46,9 @@ def loss(runs: list[MeasuredRun], engine: EngineProfile) -> float:
 
 def fit_profile(runs: list[MeasuredRun], start: EngineProfile, max_evaluations: int) -> tuple[EngineProfile, float]:
     """The profile that best reproduces `runs` from `start`: one `bounded_search` (the profiles in `conf/engine/`
-    were fitted with one); the expert GEMMs' figures only when some run served a mixture of experts."""
-    moe = any(run_architecture(run).num_experts for run in runs)
-    bounds = {name: limits for name, limits in PROFILE_BOUNDS.items() if moe or name not in MOE_PARAMS}
+    were fitted with one) of the figures the runs pin (`pinned_params`)."""
+    pinned = pinned_params(runs) | {"compute_scale"}
+    bounds = {name: limits for name, limits in PROFILE_BOUNDS.items() if name in pinned}
     return bounded_search(start, bounds, lambda engine: loss(runs, engine), max_evaluations)
 
 

@@ -37,6 +37,7 @@ METRICS = {
     "median_e2el_ms": ("e2e_s_p50", 1e-3),
     "mean_e2el_ms": ("e2e_s_mean", 1e-3),
 }
+ENDPOINTS = ("completions", "chat")
 
 
 class MeasuredRunError(ValueError):
@@ -74,6 +75,11 @@ class MeasuredRun:
         return str(self.setup.get("kv_cache_dtype", "auto"))
 
     @property
+    def endpoint(self) -> str:
+        """The API its client called (`setup.endpoint`): completions, or chat (vllm bench --backend openai-chat)."""
+        return str(self.setup.get("endpoint", "completions"))
+
+    @property
     def expert_parallel(self) -> bool:
         return bool(self.setup.get("expert_parallel", False))
 
@@ -94,6 +100,9 @@ def load_measured(path: str | Path, seed: int = 0) -> MeasuredRun:
             f'measured run {str(path)!r}: say which GPU and model it ran on ("hardware" and '
             '"model", names from conf/hardware/ and conf/model/)'
         )
+    if setup.get("endpoint", "completions") not in ENDPOINTS:
+        raise MeasuredRunError(f"measured run {str(path)!r}: setup.endpoint is {setup['endpoint']!r}; it must be "
+                               f"one of {', '.join(ENDPOINTS)} (the API its client called)")
     metrics = {
         ours: float(data[theirs]) * scale for theirs, (ours, scale) in METRICS.items() if data.get(theirs) is not None
     }
@@ -304,4 +313,5 @@ def load_run_folder(path: Path, setup: dict) -> MeasuredRun:
         tensor_parallel=int(setup.get("tensor_parallel", config.runner.get("tensor_parallel", 1))),
         max_num_seqs=setup.get("max_num_seqs"), max_num_batched_tokens=setup.get("max_num_batched_tokens"),
         memory_fraction=float(setup.get("gpu_memory_utilization", config.kv_cache.memory_fraction)),
-        served_over_http=runner in ("openai", "sim"), setup=setup)
+        served_over_http=runner in ("openai", "sim"),
+        setup={"endpoint": config.runner.get("endpoint", "completions")} | setup)
