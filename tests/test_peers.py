@@ -115,3 +115,14 @@ def test_a_launched_server_is_named_by_its_program(system, label):
     from harness.peers.job import system_label
 
     assert system_label(compose_config([f"system={system}"]).runner) == label
+
+
+def test_the_client_benchmark_runs_the_server_and_both_clients_on_the_overrides_given():
+    from harness.peers.client_bench import parse_args, run_overrides
+
+    overrides = run_overrides(parse_args(["--concurrency", "2", "model.config.num_hidden_layers=8"]))
+    server = compose_config(["system=vllm", "kv_cache.prefix_caching=false", *overrides])
+    ours = compose_config(["runner=openai", "runner.url=http://127.0.0.1:1/v1", *overrides])
+    for cfg in (server, ours):
+        assert cfg.model.config.num_hidden_layers == 8 and cfg.workload.max_concurrency == 2
+        assert cfg.workload.num_requests == 64 and cfg.workload.input_len == 128

@@ -1,7 +1,7 @@
 """Benchmark: how exact `runner=openai` is, against `vllm bench serve` on the same vLLM server and requests.
 
     python -m harness.peers.client_bench [--rounds 5] [--requests 64] [--concurrency 4] [--input-len 128]
-                                         [--output-len 32]
+                                         [--output-len 32] [OVERRIDE ...]
 
 Starts one vLLM server as `system=vllm` does (`bash scripts/install-vllm.sh` first), prefix caching off so that
 every round computes the same prompts afresh, and sends it the same requests (the same token ids: the workload's
@@ -65,18 +65,29 @@ def vllm_bench(url: str, model_path: str, dataset: Path, num_requests: int, conc
             "tpot_s_p50": result["median_tpot_ms"] / 1e3, "tokens_per_chunk": sum(result["output_lens"]) / chunks}
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=32)
-    args = parser.parse_args()
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of the run, e.g. the model's "
+                        "(model.config.num_hidden_layers=8): the server and both clients use them")
+    return parser.parse_args(argv)
+
+
+def run_overrides(args: argparse.Namespace) -> list[str]:
+    """The overrides of every run of the benchmark, ours and the server's: the workload, then the user's own."""
+    return ["workload=random", f"workload.input_len={args.input_len}", f"workload.output_len={args.output_len}",
+            f"workload.num_requests={args.requests}", f"workload.max_concurrency={args.concurrency}",
+            "progress=false", *args.overrides]
+
+
+def main() -> None:
+    args = parse_args()
     logging.disable(logging.INFO)
-    workload = ["workload=random", f"workload.input_len={args.input_len}", f"workload.output_len={args.output_len}",
-                f"workload.num_requests={args.requests}", f"workload.max_concurrency={args.concurrency}",
-                "progress=false"]
+    workload = run_overrides(args)
     cfg = compose_config(["system=vllm", "kv_cache.prefix_caching=false", *workload])
     python = server_python(cfg.runner.server_env)
     config = read_model_config(cfg.model)
