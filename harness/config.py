@@ -25,6 +25,7 @@ from workloads.config import Count, Number, Positive, Seed, Strict, WorkloadConf
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 KERNEL_BACKENDS = ("auto", "triton", "torch")  # kernels.BACKENDS; a test holds the two equal
 ROUTER_NAMES = ("round_robin", "least_outstanding", "prefix_aware")  # harness.sim.router.ROUTERS; likewise
+ENDPOINTS = ("completions", "chat")  # the OpenAI APIs a client calls: /v1/completions, /v1/chat/completions
 Fraction = Annotated[Number, Field(gt=0, le=1)]
 # The engine's caps (max_num_seqs, max_batch_tokens) for `auto` on a CPU: they suit the tiny model; a GPU gets vLLM's.
 CPU_ENGINE_CAPS = (16, 512)
@@ -91,7 +92,7 @@ class SimRunnerConfig(Strict):
     # the least time between two requests reaching the engine.
     frontend_service_s: Annotated[Number, Field(ge=0, le=10)] | None = None
     # The API the simulated clients call: the chat endpoint adds the engine's `chat_latency_s` to the front end's.
-    endpoint: Literal["completions", "chat"] = "completions"
+    endpoint: Literal[ENDPOINTS] = "completions"
     chat_latency_s: Annotated[Number, Field(ge=0, le=60)] | None = None
     async_scheduling: bool | None = None  # the host schedules the next step while the GPU runs this one
     # A mixture of experts' grouped GEMMs: their share of the dense GEMMs' efficiency with many tokens per expert,
@@ -146,7 +147,7 @@ class OpenAIRunnerConfig(Strict):
     name: Literal["openai"]
     url: str | None = None  # http://host:port/v1
     model: str | None = None  # the served model's name
-    endpoint: Literal["completions", "chat"] = "completions"
+    endpoint: Literal[ENDPOINTS] = "completions"
     prompt: Literal["text", "ids"] = "text"
     lengths: Literal["ignore_eos", "generation_config", "none"] = "ignore_eos"
     api_key_env: str | None = None

@@ -47,7 +47,7 @@ def loss(runs: list[MeasuredRun], engine: EngineProfile) -> float:
 def fit_profile(runs: list[MeasuredRun], start: EngineProfile, max_evaluations: int) -> tuple[EngineProfile, float]:
     """The profile that best reproduces `runs` from `start`: one `bounded_search` (the profiles in `conf/engine/`
     were fitted with one) of the figures the runs pin (`pinned_params`)."""
-    pinned = pinned_params(runs) | {"compute_scale"}
+    pinned = pinned_params(runs) | {"compute_scale"}  # a profile's compute figure: a scale on the hardware class's
     bounds = {name: limits for name, limits in PROFILE_BOUNDS.items() if name in pinned}
     return bounded_search(start, bounds, lambda engine: loss(runs, engine), max_evaluations)
 

@@ -21,6 +21,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from harness.analysis.results import find_run_folders, read_status
+from harness.config import ENDPOINTS
 from harness.model_spec import described_model
 from workloads import RequestSpec
 
@@ -37,7 +38,6 @@ METRICS = {
     "median_e2el_ms": ("e2e_s_p50", 1e-3),
     "mean_e2el_ms": ("e2e_s_mean", 1e-3),
 }
-ENDPOINTS = ("completions", "chat")
 
 
 class MeasuredRunError(ValueError):
