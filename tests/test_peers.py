@@ -4,6 +4,7 @@ every peer shares. The server runner has its own tests (test_openai_runner.py)."
 import asyncio
 
 import pytest
+import torch
 
 from harness.analysis import metrics
 from harness.config import compose_config
@@ -126,3 +127,54 @@ def test_the_client_benchmark_runs_the_server_and_both_clients_on_the_overrides_
     for cfg in (server, ours):
         assert cfg.model.config.num_hidden_layers == 8 and cfg.workload.max_concurrency == 2
         assert cfg.workload.num_requests == 64 and cfg.workload.input_len == 128
+
+
+def test_side_by_side_the_two_clients_split_the_loop_and_ours_starts_with_vllm_benchs_main_run(tmp_path):
+    import sys
+
+    from harness.peers.client_bench import parse_args, run_overrides, side_by_side
+
+    ours = compose_config(["runner=openai", "runner.url=http://127.0.0.1:1/v1",
+                           *run_overrides(parse_args(["--side-by-side", "--concurrency", "8"]))])
+    assert ours.workload.max_concurrency == 4  # each client half of the loop
+    assert ours.workload.range_ratio == 0.5  # lengths that vary: two loops of alike requests lock their phases
+    with pytest.raises(SystemExit, match="must be even, not 3"):
+        run_overrides(parse_args(["--side-by-side", "--concurrency", "3"]))
+
+    # A stand-in for vllm bench: its readiness test, the line, then its run (ours must overlap it), then its result.
+    out = tmp_path / "bench.json"
+    result = {"output_throughput": 100.0, "median_ttft_ms": 20.0, "median_tpot_ms": 5.0, "itls": [[0.005] * 3],
+              "output_lens": [4]}
+    script = (f"import json, time; print('Initial test run completed.'); print('Starting main benchmark run...'); "
+              f"time.sleep(0.5); open({str(out)!r}, 'w').write(json.dumps({result!r}))")
+    seen = []
+    clients = side_by_side([sys.executable, "-c", script], out, lambda: seen.append(out.exists()) or {"mine": 1})
+    assert seen == [False]  # ours ran while vllm bench's main run did
+    assert clients["batchlab"] == {"mine": 1}
+    assert clients["vllm bench"] == {"output_throughput_tps": 100.0, "ttft_s_p50": 0.02, "tpot_s_p50": 0.005,
+                                     "tokens_per_chunk": 1.0}
+
+    failing = "import sys; sys.exit('error: the server at that URL did not answer')"
+    seen.clear()
+    with pytest.raises(SystemExit, match="did not answer"):
+        side_by_side([sys.executable, "-c", failing], tmp_path / "none.json", lambda: seen.append(1))
+    assert not seen  # vllm bench never started its run: ours did not either
+
+
+def test_the_vllm_sweep_measures_every_load_each_round_from_a_new_start_on_an_uncached_server():
+    from harness.peers.job import launch_fields
+    from harness.peers.vllm_sweep import loads, parse_args, round_order, server_config
+
+    todo = loads(parse_args(["--out", "x", "--concurrency", "1", "4", "--rates", "2.5"]))
+    assert [name for name, _ in todo] == ["concurrency-1", "concurrency-4", "rate-2.5"]
+    assert todo[2][1] == ["workload.arrival=poisson", "workload.rate=2.5"]
+    assert [[name for name, _ in round_order(todo, k)] for k in (1, 2, 4)] == [
+        ["concurrency-1", "concurrency-4", "rate-2.5"], ["concurrency-4", "rate-2.5", "concurrency-1"],
+        ["concurrency-1", "concurrency-4", "rate-2.5"]]
+    cfg = server_config(["workload=random"])
+    command = cfg.runner.launch.format(**launch_fields(cfg, torch.device("cpu"), {"num_hidden_layers": 1,
+                                       "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4,
+                                       "vocab_size": 128, "intermediate_size": 128}, 16, 512) | {
+                                       "model_path": "m", "port": 1})
+    assert "--no-enable-prefix-caching" in command  # rounds resend the same prompts
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in command  # vLLM keeps a core for its front end

@@ -1,7 +1,7 @@
 """Benchmark: how exact `runner=openai` is, against `vllm bench serve` on the same vLLM server and requests.
 
     python -m harness.peers.client_bench [--rounds 5] [--requests 64] [--concurrency 4] [--input-len 128]
-                                         [--output-len 32] [OVERRIDE ...]
+                                         [--output-len 32] [--side-by-side] [OVERRIDE ...]
 
 Starts one vLLM server as `system=vllm` does (`bash scripts/install-vllm.sh` first), prefix caching off so that
 every round computes the same prompts afresh, and sends it the same requests (the same token ids: the workload's
@@ -10,11 +10,20 @@ into those ids) from both clients in interleaved rounds, the order swapped every
 machine hits both alike. Prints each client's median (min-max) output throughput, TTFT p50 and TPOT p50, the
 ratios of ours to vllm bench's within each round, and every stalled run (a stream whose tokens came merged:
 more than 1.5 tokens a chunk). A benchmark, not a test: it asserts nothing.
+
+`--side-by-side` runs the two clients at once instead, each a closed loop of half the concurrency over the same
+requests, of lengths that vary by +-50% (`SIDE_BY_SIDE_RANGE_RATIO`): the server's speed drifts between runs by more
+than the clients differ on a shared machine, and side by side both clients time the same server at the same
+moments, in the same steps. What it cannot see is a client whose
+own CPU time slows the server: that slows both alike; the interleaved rounds show it.
 """
 
 import argparse
+import contextlib
+import functools
 import json
 import logging
+import os
 import statistics
 import subprocess
 import tempfile
@@ -47,22 +56,41 @@ def ours(url: str, model_path: str, workload: list[str], out: Path) -> dict:
     return {key: summary[key] for _, key, _, _ in METRICS} | {"tokens_per_chunk": summary["stream_tokens_per_chunk"]}
 
 
-def vllm_bench(url: str, model_path: str, dataset: Path, num_requests: int, concurrency: int, python: Path,
-               out: Path) -> dict:
+def vllm_bench_command(url: str, model_path: str, dataset: Path, num_requests: int, concurrency: int,
+                       python: Path, out: Path) -> list[str]:
     """One `vllm bench serve` run of the dataset, greedy and to the lengths asked, as our client sends them."""
-    command = [str(python), "-c", VLLM_BENCH, "--backend", "openai", "--base-url", url.removesuffix("/v1"),
-               "--model", model_path, "--dataset-name", "custom", "--dataset-path", str(dataset),
-               "--custom-output-len", "-1", "--skip-chat-template", "--disable-shuffle", "--num-prompts",
-               str(num_requests), "--max-concurrency", str(concurrency), "--ignore-eos", "--temperature", "0",
-               "--disable-tqdm", "--save-result", "--save-detailed", "--result-dir", str(out.parent),
-               "--result-filename", out.name]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0 or not out.is_file():
-        raise SystemExit(f"error: vllm bench serve failed: {done.stderr.strip().splitlines()[-1:]}")
+    return [str(python), "-c", VLLM_BENCH, "--backend", "openai", "--base-url", url.removesuffix("/v1"),
+            "--model", model_path, "--dataset-name", "custom", "--dataset-path", str(dataset),
+            "--custom-output-len", "-1", "--skip-chat-template", "--disable-shuffle", "--num-prompts",
+            str(num_requests), "--max-concurrency", str(concurrency), "--ignore-eos", "--temperature", "0",
+            "--disable-tqdm", "--save-result", "--save-detailed", "--result-dir", str(out.parent),
+            "--result-filename", out.name]
+
+
+def vllm_bench_result(returncode: int, stderr: str, out: Path) -> dict:
+    if returncode != 0 or not out.is_file():
+        raise SystemExit(f"error: vllm bench serve failed: {stderr.strip().splitlines()[-1:]}")
     result = json.loads(out.read_text())
     chunks = sum(len(itl) + 1 for itl in result["itls"])
     return {"output_throughput_tps": result["output_throughput"], "ttft_s_p50": result["median_ttft_ms"] / 1e3,
             "tpot_s_p50": result["median_tpot_ms"] / 1e3, "tokens_per_chunk": sum(result["output_lens"]) / chunks}
+
+
+def vllm_bench(command: list[str], out: Path) -> dict:
+    done = subprocess.run(command, capture_output=True, text=True)
+    return vllm_bench_result(done.returncode, done.stderr, out)
+
+
+def side_by_side(command: list[str], bench_out: Path, run_ours) -> dict[str, dict]:
+    """Both clients at once: vllm bench started first (it imports vLLM for seconds), ours once vllm bench says its
+    main run starts (after its one-request readiness test), so that the two loops overlap all but a few ms."""
+    bench = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=os.environ | {"PYTHONUNBUFFERED": "1"})
+    started = any(line.startswith("Starting main benchmark run") for line in bench.stdout)  # read up to that line
+    ours_result = run_ours() if started else None
+    _, stderr = bench.communicate()
+    result = vllm_bench_result(bench.returncode, stderr, bench_out)
+    return {"batchlab": ours_result, "vllm bench": result}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -72,16 +100,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--out", type=Path, help="keep every run here (our run folders, vllm bench's --save-detailed "
+                        "JSONs, the server's log) to read request by request; by default they go with the benchmark")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="both clients at once, each a closed loop of half the concurrency (see above)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of the run, e.g. the model's "
                         "(model.config.num_hidden_layers=8): the server and both clients use them")
     return parser.parse_args(argv)
 
 
+def client_concurrency(args: argparse.Namespace) -> int:
+    """Each client's closed loop: the whole of it, or side by side half each."""
+    if not args.side_by_side:
+        return args.concurrency
+    if args.concurrency < 2 or args.concurrency % 2:
+        raise SystemExit(f"error: --side-by-side splits the closed loop between the two clients: --concurrency must "
+                         f"be even, not {args.concurrency}")
+    return args.concurrency // 2
+
+
+# Side by side, lengths that vary (uniform on +-50%): two closed loops of requests all alike lock into whatever
+# phase their first steps gave them, and stay there. In one such run on a 96M-parameter model, each of our client's
+# pairs of requests came back in the same step and were prefilled together (TTFT 310-375 ms), while vllm bench's
+# were prefilled one after the other (about 200 and 330 ms): a TTFT p50 20% apart that no client's timing made.
+SIDE_BY_SIDE_RANGE_RATIO = 0.5
+
+
 def run_overrides(args: argparse.Namespace) -> list[str]:
     """The overrides of every run of the benchmark, ours and the server's: the workload, then the user's own."""
+    lengths = [f"workload.range_ratio={SIDE_BY_SIDE_RANGE_RATIO}"] if args.side_by_side else []
     return ["workload=random", f"workload.input_len={args.input_len}", f"workload.output_len={args.output_len}",
-            f"workload.num_requests={args.requests}", f"workload.max_concurrency={args.concurrency}",
-            "progress=false", *args.overrides]
+            *lengths, f"workload.num_requests={args.requests}",
+            f"workload.max_concurrency={client_concurrency(args)}", "progress=false", *args.overrides]
 
 
 def main() -> None:
@@ -94,32 +144,40 @@ def main() -> None:
     tokenizer = word_tokenizer(config["vocab_size"])
     specs = load_workload(cfg, config["vocab_size"], None, config["max_position_embeddings"]).requests
     rounds: list[dict[str, dict]] = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() if args.out is None else contextlib.nullcontext(args.out) as tmp:
         out = Path(tmp)
+        out.mkdir(parents=True, exist_ok=True)
         dataset = out / "prompts.jsonl"
         dataset.write_text("".join(json.dumps({"prompt": tokenizer.decode(spec.prompt_ids),
                                                "output_tokens": spec.max_new_tokens}) + "\n" for spec in specs))
         with started_vllm(cfg, out) as (url, model_path), \
                 MachineLoad(psutil.cpu_count() or 1) as load:
             for i in range(args.rounds):  # every core is the benchmark's: the server, its front end, the clients
-                clients = {"batchlab": lambda run: ours(url, model_path, workload, out / f"{run}-ours"),
-                           "vllm bench": lambda run: vllm_bench(url, model_path, dataset, args.requests,
-                                                                args.concurrency, python, out / f"{run}-vllm.json")}
+                bench_out = out / f"{i}-vllm.json"
+                command = vllm_bench_command(url, model_path, dataset, args.requests, client_concurrency(args),
+                                             python, bench_out)
+                clients = {"batchlab": functools.partial(ours, url, model_path, workload, out / f"{i}-ours"),
+                           "vllm bench": functools.partial(vllm_bench, command, bench_out)}
+                if args.side_by_side:
+                    rounds.append(side_by_side(command, bench_out, clients["batchlab"]))
+                    continue
                 order = list(clients) if i % 2 == 0 else list(clients)[::-1]
-                rounds.append({name: clients[name](i) for name in order})
+                rounds.append({name: clients[name]() for name in order})
     report(rounds, args, load)
 
 
 def report(rounds: list[dict[str, dict]], args, load: MachineLoad) -> None:
-    print(f"\n{args.rounds} interleaved rounds against one vLLM server, {args.requests} requests of "
-          f"{args.input_len} prompt / {args.output_len} output tokens, closed loop of {args.concurrency}; "
+    how = (f"each client a closed loop of {client_concurrency(args)}, the two at once" if args.side_by_side
+           else f"closed loop of {args.concurrency}")
+    print(f"\n{args.rounds} {'' if args.side_by_side else 'interleaved '}rounds against one vLLM server, "
+          f"{args.requests} requests of {args.input_len} prompt / {args.output_len} output tokens, {how}; "
           "median (min-max)")
     for name in ("batchlab", "vllm bench"):
         figures = "   ".join(f"{label} {spread([r[name][key] * scale for r in rounds], fmt)}"
                                for label, key, scale, fmt in METRICS)
         print(f"  {name:<11} {figures}")
     for label, key, _, _ in METRICS:
-        # The server's own speed drifts between rounds; a round's ratio sets the two clients side by side.
+        # The server's own speed drifts between rounds; a round's ratio sets the two clients beside each other.
         ratios = [r["batchlab"][key] / r["vllm bench"][key] for r in rounds]
         of_medians = (statistics.median(r["batchlab"][key] for r in rounds)
                       / statistics.median(r["vllm bench"][key] for r in rounds))

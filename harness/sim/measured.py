@@ -284,6 +284,20 @@ def _finished(folder: Path) -> bool:
     return (folder / "summary.json").is_file() and read_status(folder).get("status", "finished") == "finished"
 
 
+# Prompt tokens a server's prefix cache may hold in a run the simulator replays: a shared first block now and then,
+# not prompts the server has seen before.
+MAX_CACHED_PROMPT_SHARE = 0.01
+
+
+def cached_prompt_share(summary: dict, finished: pd.DataFrame) -> float:
+    """The share of a run's prompt tokens its server's prefix cache held: from each answer's usage where the server
+    said (`num_cached_tokens`, vLLM with --enable-prompt-tokens-details), else from its `/metrics` (0 where neither
+    says)."""
+    if "num_cached_tokens" in finished and finished.num_cached_tokens.notna().any():
+        return float(finished.num_cached_tokens.fillna(0).sum() / finished.prompt_len.sum())
+    return float(summary.get("server_prefix_cache_hit_rate") or 0.0)
+
+
 def load_run_folder(path: Path, setup: dict) -> MeasuredRun:
     """A finished run folder of this harness as a measured run; the requests it finished are its workload."""
     summary = json.loads((path / "summary.json").read_text())
@@ -305,6 +319,13 @@ def load_run_folder(path: Path, setup: dict) -> MeasuredRun:
                            finished.num_output_tokens))]
     if not specs:
         raise MeasuredRunError(f"measured run {str(path)!r} finished no request")
+    cached = cached_prompt_share(summary, finished)
+    if cached > MAX_CACHED_PROMPT_SHARE:
+        raise MeasuredRunError(
+            f"measured run {str(path)!r}: the server's prefix cache held {cached:.0%} of its prompt tokens, so its "
+            "prefills were shorter than the simulator, which computes every prompt in full, would replay them; "
+            "measure with prompts the server has not seen (another workload.seed) or its prefix caching off "
+            "(vLLM: --no-enable-prefix-caching)")
     metrics = {ours: float(summary[ours]) for ours, _ in METRICS.values() if summary.get(ours) is not None}
     concurrency = config.workload.get("max_concurrency")
     return MeasuredRun(
