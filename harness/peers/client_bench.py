@@ -14,8 +14,8 @@ more than 1.5 tokens a chunk). A benchmark, not a test: it asserts nothing.
 `--side-by-side` runs the two clients at once instead, each a closed loop of half the concurrency over the same
 requests, of lengths that vary by +-50% (`SIDE_BY_SIDE_RANGE_RATIO`): the server's speed drifts between runs by more
 than the clients differ on a shared machine, and side by side both clients time the same server at the same
-moments, in the same steps. What it cannot see is a client whose
-own CPU time slows the server: that slows both alike; the interleaved rounds show it.
+moments, in the same steps. What it cannot see is a client whose own CPU time slows the server: that slows both
+alike; the interleaved rounds show it. `--out <folder>` keeps every run to read request by request.
 """
 
 import argparse
