@@ -7,7 +7,6 @@ import shutil
 from dataclasses import replace
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from harness.sim import calibrate
@@ -72,16 +71,12 @@ def test_a_run_whose_prompts_the_servers_prefix_cache_held_is_refused(tmp_path, 
     folder = tmp_path / "seed-1"
     shutil.copytree(MEASURED / "concurrency-4" / "seed-1", folder)
     assert load_measured_runs([str(folder)], SETUP)  # fresh prompts: no hit, replayed
-    if said_by == "answers":
-        requests = pd.read_csv(folder / "requests.csv")
-        requests["num_cached_tokens"] = 96
-        requests.to_csv(folder / "requests.csv", index=False)
-    else:
-        summary = json.loads((folder / "summary.json").read_text())
-        summary |= {"server_prefix_cache_hit_rate": 0.75}
-        (folder / "summary.json").write_text(json.dumps(summary))
-        requests = pd.read_csv(folder / "requests.csv").drop(columns="num_cached_tokens")
-        requests.to_csv(folder / "requests.csv", index=False)
+    summary = json.loads((folder / "summary.json").read_text())
+    if said_by == "answers":  # each answer's usage said 96 cached tokens: the run's summary adds them up
+        summary |= {"prefix_hit_rate_tokens": 0.75, "server_prefix_cache_hit_rate": None}
+    else:  # a server that did not say per answer: its /metrics counters
+        summary |= {"prefix_hit_rate_tokens": None, "server_prefix_cache_hit_rate": 0.75}
+    (folder / "summary.json").write_text(json.dumps(summary))
     with pytest.raises(MeasuredRunError, match="prefix cache held 75% of its prompt tokens"):
         load_measured_runs([str(folder)], SETUP)
 

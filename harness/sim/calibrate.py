@@ -171,7 +171,9 @@ def screened_start(start, bounds: dict[str, tuple[float, float]], loss_of: Calla
             for factor in SCREEN_FACTORS:
                 candidate = replace(base, **{name: float(np.clip(getattr(base, name) * factor, *bounds[name]))
                                              for name in group})
-                value = loss_of(candidate) if candidate != base else best_loss
+                if candidate == base:  # every figure of the group at a bound already
+                    continue
+                value = loss_of(candidate)
                 if value < best_loss:
                     best, best_loss = candidate, value
     return best
@@ -189,7 +191,8 @@ def fit(runs: list[MeasuredRun], start: RooflineParams, max_evaluations: int = 4
     here one search stopped at a loss of 0.085, its restart reached 0.021). The expert GEMMs' figures are searched
     only when some run served a mixture of experts, the chat endpoint's latency only when some run was sent to it."""
     bounds = {name: tuple(limits) for name, limits in asdict(BOUNDS).items() if name in pinned_params(runs)}
-    loss_of = functools.partial(loss, runs)
+    # Memoized: the searches evaluate their starts again, and the screen's second pass points of its first.
+    loss_of = functools.cache(functools.partial(loss, runs))
     starts = dict.fromkeys([start, screened_start(start, bounds, loss_of)])  # one search if the screen kept `start`
     return min((bounded_search(s, bounds, loss_of, max_evaluations, max_rounds) for s in starts),
                key=lambda found: found[1])

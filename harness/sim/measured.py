@@ -289,13 +289,14 @@ def _finished(folder: Path) -> bool:
 MAX_CACHED_PROMPT_SHARE = 0.01
 
 
-def cached_prompt_share(summary: dict, finished: pd.DataFrame) -> float:
-    """The share of a run's prompt tokens its server's prefix cache held: from each answer's usage where the server
-    said (`num_cached_tokens`, vLLM with --enable-prompt-tokens-details), else from its `/metrics` (0 where neither
-    says)."""
-    if "num_cached_tokens" in finished and finished.num_cached_tokens.notna().any():
-        return float(finished.num_cached_tokens.fillna(0).sum() / finished.prompt_len.sum())
-    return float(summary.get("server_prefix_cache_hit_rate") or 0.0)
+def cached_prompt_share(summary: dict) -> float:
+    """The share of a run's prompt tokens its server's prefix cache held, as its summary says: from the answers'
+    usage (`prefix_hit_rate_tokens`: vLLM with --enable-prompt-tokens-details), else from the server's `/metrics`
+    (0 where neither says)."""
+    for key in ("prefix_hit_rate_tokens", "server_prefix_cache_hit_rate"):
+        if summary.get(key) is not None:
+            return float(summary[key])
+    return 0.0
 
 
 def load_run_folder(path: Path, setup: dict) -> MeasuredRun:
@@ -319,7 +320,7 @@ def load_run_folder(path: Path, setup: dict) -> MeasuredRun:
                            finished.num_output_tokens))]
     if not specs:
         raise MeasuredRunError(f"measured run {str(path)!r} finished no request")
-    cached = cached_prompt_share(summary, finished)
+    cached = cached_prompt_share(summary)
     if cached > MAX_CACHED_PROMPT_SHARE:
         raise MeasuredRunError(
             f"measured run {str(path)!r}: the server's prefix cache held {cached:.0%} of its prompt tokens, so its "
