@@ -12,7 +12,7 @@ from harness.config import ConfigError, compose_config, validate
 from harness.job import run_job
 from harness.model_spec import described_model
 from harness.sim.costmodel import RooflineCostModel, StepShape
-from harness.sim.costmodel.hardware import get_hardware
+from harness.sim.costmodel.hardware import get_hardware, widened_gemm_share
 from harness.sim.engine_profile import fixture_engine, get_engine
 from tests.conftest import ROOT, bare_engine
 
@@ -79,6 +79,17 @@ def test_a_gemm_runs_at_its_formats_peak_where_the_gpu_has_one():
     prefill = StepShape(False, 8192, 8, 8192 * 2000, 8192, 8)
     bf16, fp8 = (RooflineCostModel(arch("qwen3-32b", quantization=q), H100, bare_engine()) for q in ("bf16", "fp8"))
     assert fp8.predict(prefill) < 0.6 * bf16.predict(prefill)  # compute-bound: twice the peak
+
+
+def test_weights_widened_in_the_kernel_win_a_decode_by_their_bytes_and_lose_a_prefill_by_their_flops():
+    # FP8 on an A100 (Marlin's W8A16): as fast as a BF16 GEMM up to 128 tokens, then a falling share of it.
+    assert widened_gemm_share(np.array([1, 128, 256, 2048, 8192])) == pytest.approx([1.0, 1.0, 0.74, 0.60, 0.60])
+    assert 0.60 < widened_gemm_share(1500) < 0.66  # between 1024 and 2048 tokens, in log tokens
+    assert A100.widens(1) and not H100.widens(1) and H100.widens(4.25 / 8) and not A100.widens(2)
+    bf16, fp8 = (RooflineCostModel(arch("qwen3-14b", quantization=q), A100, bare_engine()) for q in ("bf16", "fp8"))
+    assert fp8.predict(decode(8, 1000)) < 0.7 * bf16.predict(decode(8, 1000))  # memory-bound: half the weight bytes
+    prefill = StepShape(False, 2048, 2, 2048 * 1024, 2048, 2)
+    assert fp8.predict(prefill) == pytest.approx(bf16.predict(prefill) / 0.60, rel=0.05)  # compute-bound GEMMs
 
 
 def test_expert_parallelism_pays_for_uneven_experts_when_few_tokens_touch_them():

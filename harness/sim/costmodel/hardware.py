@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
 from pydantic import Field, ValidationError
 
 from harness.catalogue import catalogue_entry, catalogue_names
@@ -43,6 +44,20 @@ class HardwareSpec(Strict):
     compute_efficiency: Annotated[float, Field(gt=0, le=1)] = DEFAULT_COMPUTE_EFFICIENCY
 
 
+# A GEMM whose weights the GPU's tensor cores cannot take runs a mixed-precision kernel (Marlin-style: each weight tile
+# widened to BF16 in registers, the tokens taken 64 at a time). Memory-bound, at a few tokens, it is as fast as its
+# bytes allow (the roofline's other bound); compute-bound it reaches a share of a BF16 GEMM's FLOP/s that falls as the
+# tokens grow: on an A100 Marlin levels off at 141 TFLOP/s from 128 tokens on, while torch's BF16 GEMM keeps climbing
+# (IST-DASLab's bench.py on an A100, vllm-project/vllm pull request #2497, comment of 2024-01-24): (tokens, share).
+WIDENED_GEMM_SHARES = ((128, 1.0), (256, 0.74), (512, 0.73), (1024, 0.66), (2048, 0.60))
+
+
+def widened_gemm_share(num_tokens):
+    """`WIDENED_GEMM_SHARES` at a step's `num_tokens` (arrays too), interpolated in log tokens, held beyond its ends."""
+    tokens, shares = zip(*WIDENED_GEMM_SHARES)
+    return np.interp(np.log2(np.maximum(num_tokens, 1)), np.log2(tokens), shares)
+
+
 @dataclass(frozen=True)
 class Hardware:
     name: str
@@ -65,12 +80,18 @@ class Hardware:
     def gemm_peak(self, weight_bytes: float) -> float:
         """The tensor-core peak a GEMM over weights of `weight_bytes` per parameter reaches: its format's, or the
         next wider format the GPU has (FP8 weights on an A100 and FP4 on a Hopper are widened to BF16 in the
-        kernel: Marlin-style mixed-precision GEMMs). Activations are quantized to match where the GPU can."""
+        kernel: Marlin-style mixed-precision GEMMs, which reach `widened_gemm_share` of it). Activations are
+        quantized to match where the GPU can."""
         if weight_bytes < 1:
             return self.fp4_flops or self.peak_flops
         if weight_bytes == 1:
             return self.fp8_flops or self.peak_flops
         return self.peak_flops
+
+    def widens(self, weight_bytes: float) -> bool:
+        """Whether GEMMs over weights of `weight_bytes` per parameter widen them in the kernel (no tensor cores for
+        their format here)."""
+        return weight_bytes < 2 and self.gemm_peak(weight_bytes) == self.peak_flops
 
     @property
     def serving_defaults(self) -> tuple[int, int]:
