@@ -5,6 +5,7 @@ a repeated load is judged by its median, and a fit costs simulations, not measur
 import json
 import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -118,6 +119,21 @@ def test_a_fit_searches_from_the_start_and_from_its_screened_variant_and_keeps_t
     monkeypatch.setattr(calibrate, "screened_start", lambda start, bounds, loss_of: start)
     searched.clear()
     assert fit(runs, start) == (start, 0.5) and searched == [start]  # the screen kept the start: one search
+
+
+def test_a_sweeps_setup_file_says_what_its_run_folders_do_not(tmp_path):
+    # The fixture's setup.yaml, as vllm_sweep writes it (plus the hardware file): read for every run folder under it.
+    run = load_measured_runs([str(MEASURED / "concurrency-4" / "seed-1")])[0]
+    assert Path(run.hardware).resolve() == (MEASURED / "hardware.yaml").resolve()
+    assert (run.max_num_seqs, run.max_num_batched_tokens, run.setup["async_scheduling"]) == (16, 512, False)
+    assert load_measured_runs([str(MEASURED / "rate-4")], {"max_num_seqs": 8})[0].max_num_seqs == 8  # --setup wins
+    sweep = tmp_path / "sweep"
+    shutil.copytree(MEASURED / "concurrency-1" / "seed-1", sweep / "concurrency-1" / "seed-1")
+    with pytest.raises(MeasuredRunError, match="say which GPU it ran on"):  # no setup.yaml above it
+        load_measured_runs([str(sweep)])
+    (sweep / "setup.yaml").write_text("- hardware\n")
+    with pytest.raises(MeasuredRunError, match="setup.yaml' must map setup keys to values"):
+        load_measured_runs([str(sweep)])
 
 
 def test_a_run_whose_engine_scheduled_each_step_after_the_last_is_replayed_so():

@@ -163,6 +163,7 @@ def test_side_by_side_the_two_clients_split_the_loop_and_ours_starts_with_vllm_b
 
 def test_the_vllm_sweep_measures_every_load_each_round_from_a_new_start_on_an_uncached_server():
     from harness.peers.job import launch_fields
+    from harness.peers.vllm import replay_setup
     from harness.peers.vllm_sweep import loads, parse_args, round_order, server_config
 
     todo = loads(parse_args(["--out", "x", "--concurrency", "1", "4", "--rates", "2.5"]))
@@ -177,4 +178,7 @@ def test_the_vllm_sweep_measures_every_load_each_round_from_a_new_start_on_an_un
                                        "vocab_size": 128, "intermediate_size": 128}, 16, 512) | {
                                        "model_path": "m", "port": 1})
     assert "--no-enable-prefix-caching" in command  # rounds resend the same prompts
+    # What its setup.yaml tells a replay: the caps vLLM got, and no overlap of host and model (vLLM on a CPU).
+    assert replay_setup(server_config(["workload=random", "strategy.max_num_seqs=12"])) == {
+        "max_num_seqs": 12, "max_num_batched_tokens": 512, "async_scheduling": False}
     assert "VLLM_CPU_OMP_THREADS_BIND" not in command  # vLLM keeps a core for its front end

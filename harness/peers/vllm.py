@@ -18,10 +18,23 @@ def started_vllm(cfg, out: Path, *flags: str):
     """vLLM as `cfg` (a `system=vllm` config) would start it, serving its model saved into `out`, with `flags`
     added to its command (`--enforce-eager`, which starts some 15 s sooner without compiling the model): yields (its
     URL, the served model's path, which is also its name). Prefix caching follows `cfg.kv_cache.prefix_caching`."""
-    device = torch.device("cpu")
     config = read_model_config(cfg.model)
     model_path = served_model_path(cfg, word_tokenizer(config["vocab_size"]), out)
-    fields = launch_fields(cfg, device, config, *device_caps(device)[0])
     command = " ".join([cfg.runner.launch, *flags])
-    with launched_server(command, model_path, cfg.runner.ready_timeout_s, out / "server.log", **fields) as url:
+    with launched_server(command, model_path, cfg.runner.ready_timeout_s, out / "server.log",
+                         **_launch_fields(cfg, config)) as url:
         yield url, model_path
+
+
+def replay_setup(cfg) -> dict:
+    """What a replay of runs against the server `started_vllm(cfg, ...)` starts must be told that their run folders
+    do not say (`harness.sim.measured.sweep_setup` reads it back): the engine caps it was started with, and that it
+    schedules each step after the last ended (vLLM's CPU platform turns async scheduling off)."""
+    fields = _launch_fields(cfg, read_model_config(cfg.model))
+    return {"max_num_seqs": fields["max_num_seqs"], "max_num_batched_tokens": fields["max_batch_tokens"],
+            "async_scheduling": False}
+
+
+def _launch_fields(cfg, config: dict) -> dict:
+    device = torch.device("cpu")
+    return launch_fields(cfg, device, config, *device_caps(device)[0])

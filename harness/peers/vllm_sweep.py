@@ -10,7 +10,9 @@ needs one of its own) and prefix caching off: every round sends the same prompts
 still held would be computed in part only, which the simulator, replaying each prompt afresh, cannot know. Each
 round runs every load in turn (closed loops, then Poisson rates), starting one load further on each round, so that
 the machine's drift spreads over the loads; a short unrecorded run first warms the server. Writes
-`<out>/concurrency-<c>/seed-<k>` and `<out>/rate-<r>/seed-<k>`, round k sending the workload of seed k.
+`<out>/concurrency-<c>/seed-<k>` and `<out>/rate-<r>/seed-<k>`, round k sending the workload of seed k, and
+`<out>/setup.yaml`: what a replay must know that the run folders do not say (the server's caps; that it scheduled
+without overlap). Add `hardware: <file>` to it (a hardware file of this machine) before calibrating.
 """
 
 import argparse
@@ -19,12 +21,17 @@ import io
 import logging
 from pathlib import Path
 
+import yaml
+
 from harness.config import compose_config
 from harness.job import run_job
-from harness.peers.vllm import started_vllm
+from harness.peers.vllm import replay_setup, started_vllm
+from harness.sim.measured import SETUP_FILE
 
 # vLLM keeps a core back for its front end unless told which cores its worker takes.
 BIND = "VLLM_CPU_OMP_THREADS_BIND={cpu_list}"
+SETUP_HEADER = ("# What harness.sim.calibrate must know of these runs that their folders do not say (the server's\n"
+                "# caps; that vLLM on a CPU schedules each step after the last): add `hardware: <its file>`.\n")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,7 +71,9 @@ def main() -> None:
     workload = ["workload=random", "workload.input_len=128", "workload.output_len=32", "workload.num_requests=64",
                 "progress=false", *args.overrides]
     args.out.mkdir(parents=True, exist_ok=True)
-    with started_vllm(server_config(workload), args.out) as (url, model_path):
+    cfg = server_config(workload)
+    (args.out / SETUP_FILE).write_text(SETUP_HEADER + yaml.safe_dump(replay_setup(cfg), sort_keys=False))
+    with started_vllm(cfg, args.out) as (url, model_path):
         client = ["runner=openai", f"runner.url={url}", f"runner.model={model_path}", *workload]
         run_job(compose_config([*client, "workload.num_requests=8", "workload.max_concurrency=4"]),
                 args.out / "warm-up")

@@ -257,8 +257,8 @@ def main() -> None:
                         help="the budget of simulations of the run set for one search")
     parser.add_argument("--rounds", type=int, default=2, help="searches at most, each restarted from the last's answer")
     parser.add_argument("--setup", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="what run folders do not say: hardware=h100 model=llama-3.1-8b tensor_parallel=2 "
-                             "max_num_seqs=16 async_scheduling=false (vLLM on a CPU) ...")
+                        help="what run folders do not say (over their setup.yaml): hardware=h100 model=llama-3.1-8b "
+                             "tensor_parallel=2 max_num_seqs=16 async_scheduling=false (vLLM on a CPU) ...")
     args = parser.parse_args()
     try:
         setup = parse_setup(args.setup)

@@ -8,7 +8,9 @@ details its lengths. `tests/fixtures/published/` holds published runs in this sh
 
 Or from a run folder of this harness (`runner=openai` against your server, `runner=real` on your GPU): its requests
 table gives each request's arrival and lengths exactly, `summary.json` the metrics, `config.yaml` the client; what
-it cannot say (the GPU, a model name from the catalogue when it ran a hub model) comes from `setup`.
+it cannot say (the GPU, a model name from the catalogue when it ran a hub model, the server's caps) comes from
+`setup`, and before that from the nearest `setup.yaml` at or above the run folder (`harness.peers.vllm_sweep` writes
+one beside its runs).
 """
 
 import json
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 from omegaconf import OmegaConf
 
 from harness.analysis.results import find_run_folders, read_status
@@ -241,7 +244,8 @@ def load_measured_runs(paths: list[str], setup: dict | None = None) -> list[Meas
                         read_status(folder).get("status", "no summary.json"))
         inside = [p for p in sorted(path.rglob("*.json")) if not any(p.is_relative_to(f) for f in folders)
                   and not any(part.startswith(".") for part in p.relative_to(path).parts) and _bench_result(p)]
-        here = [(p, load_measured(p)) for p in inside] + [(f, load_run_folder(f, setup or {})) for f in finished]
+        here = [(p, load_measured(p)) for p in inside] + [(f, load_run_folder(f, sweep_setup(f) | (setup or {})))
+                                                          for f in finished]
         for where, run in here:
             if where.parent != path.parent:  # found inside `path`, not `path` itself
                 run.load = where.parent.relative_to(path.parent).as_posix()
@@ -256,6 +260,30 @@ def load_measured_runs(paths: list[str], setup: dict | None = None) -> list[Meas
         except ValueError as e:
             raise MeasuredRunError(f"measured run {run.source!r}: {e} (or name it: --setup model=<name>)") from None
     return runs
+
+
+# What a sweep's run folders do not say of their runs, written once beside them: a mapping of `setup` keys.
+SETUP_FILE = "setup.yaml"
+
+
+def sweep_setup(folder: Path) -> dict:
+    """The `setup` the nearest `SETUP_FILE` at or above run folder `folder` gives (a `hardware` file named relative to
+    it is found beside it); {} where there is none."""
+    for place in [folder, *folder.resolve().parents]:
+        file = place / SETUP_FILE
+        if not file.is_file():
+            continue
+        try:
+            setup = yaml.safe_load(file.read_text())
+        except yaml.YAMLError as e:
+            raise MeasuredRunError(f"{str(file)!r} is not YAML: {e}") from None
+        if not isinstance(setup, dict):
+            raise MeasuredRunError(f"{str(file)!r} must map setup keys to values (hardware: ..., max_num_seqs: ...)")
+        hardware = setup.get("hardware")
+        if isinstance(hardware, str) and (place / hardware).is_file():
+            setup["hardware"] = str(place / hardware)
+        return setup
+    return {}
 
 
 def _named(found: list[tuple[Path, MeasuredRun]]) -> list[MeasuredRun]:
