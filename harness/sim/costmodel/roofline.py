@@ -68,6 +68,8 @@ class RooflineCostModel:
         self._routed_params = arch.num_moe_layers * arch.experts_per_token * arch.expert_params
         self._dense_params = arch.active_layer_params - self._routed_params
         self._dense_bytes = arch.dense_weight_bytes_read()
+        self._dense_peak = hardware.gemm_peak(arch.weight_format_bytes)
+        self._dense_widened = hardware.widens(arch.weight_format_bytes)
         self._expert_bytes = arch.num_moe_layers * arch.expert_params * arch.expert_format_bytes
         self._prefill_pair_flops = arch.attention_flops_per_pair(decode=False)
         self._decode_pair_flops = arch.attention_flops_per_pair(decode=True)
@@ -152,12 +154,14 @@ class RooflineCostModel:
         a, n = self.arch, self.tensor_parallel
         compute = self.compute_efficiency * n
         memory = self.hardware.memory_bandwidth * self.memory_efficiency
-        gemm_peak = self._gemm_peak(a.weight_format_bytes, shape) * compute
+        gemm_peak = self._dense_peak * compute
+        if self._dense_widened:  # a mixed-precision kernel: a falling share of the BF16 peak as the tokens grow
+            gemm_peak = gemm_peak * widened_gemm_share(shape.num_tokens)
         dense_flops, expert_flops = self.gemm_flops(shape)
         seconds = np.maximum(dense_flops / gemm_peak, self._dense_bytes / n / memory)
         if a.num_experts:
-            # Not `_gemm_peak`: the engine's fitted share for grouped expert GEMMs (`moe_share`) holds their kernels'
-            # own shortfall, widened weights (gpt-oss's MXFP4 experts on a Hopper) included.
+            # No `widened_gemm_share`: the engine's fitted share for grouped expert GEMMs (`moe_share`) holds their
+            # kernels' own shortfall, widened weights (gpt-oss's MXFP4 experts on a Hopper) included.
             expert_peak = self.hardware.gemm_peak(a.expert_format_bytes) * compute
             touched = a.experts_touched(shape.num_tokens)  # per MoE layer, all GPUs together
             per_expert = shape.num_tokens * a.experts_per_token / np.maximum(touched, 1e-9)
@@ -168,12 +172,6 @@ class RooflineCostModel:
         kv_per_gpu = self.kv_bytes(shape) / a.kv_shards(n)
         attention = np.maximum(self.attention_flops(shape) / (self.hardware.peak_flops * compute), kv_per_gpu / memory)
         return seconds + attention + self.allreduce_s(shape)
-
-    def _gemm_peak(self, weight_bytes: float, shape: StepShape):
-        """The peak FLOP/s a step's dense GEMMs over weights of that format reach (less where the kernel widens them:
-        `widened_gemm_share`)."""
-        peak = self.hardware.gemm_peak(weight_bytes)
-        return peak * widened_gemm_share(shape.num_tokens) if self.hardware.widens(weight_bytes) else peak
 
     def num_kv_blocks(self, block_size: int, memory_fraction: float) -> int:
         """Blocks that fit in each GPU's memory beside its share of the weights (the cache split as `kv_shards`)."""
