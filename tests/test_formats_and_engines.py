@@ -185,6 +185,52 @@ def test_a_run_published_as_totals_keeps_its_work(tmp_path):
         load_measured(tmp_path / "run.json")
 
 
+GPUSTACK = ROOT / "tests" / "fixtures" / "published" / "gpustack"
+
+
+def test_a_v1_engine_takes_a_preempted_prompt_back_from_its_prefix_cache(tmp_path):
+    """vLLM's V1 engine and SGLang keep computed prompt blocks cached. Qwen3-32B on one H100 holds one 32,000-token
+    prompt at a time: the next one's first chunk enters beside the decoding one and is preempted when that one needs
+    the blocks, then takes its cached chunk back on its next try; without the cache it computes it anew each time."""
+    from harness.sim.calibrate import default_params, simulate
+    from harness.sim.measured import load_measured
+
+    cached = load_measured(GPUSTACK / "gpustack-h100-qwen3-32b-vllm-random-32k.json")
+    uncached = dataclasses.replace(cached, setup=cached.setup | {"prefix_caching": False})
+    assert cached.prefix_caching and not uncached.prefix_caching  # vLLM 0.11's default, and said otherwise
+    assert not load_measured(GPUSTACK.parent / "lambda-h100-llama-3-8b-10.json").prefix_caching  # vLLM 0.5's
+    work = sum(r.prompt_len + r.max_new_tokens for r in cached.requests)
+    with_cache, without = (simulate(run, default_params(run)) for run in (cached, uncached))
+    assert with_cache["num_preemptions"] > 0 and with_cache["prefix_cache_hit_tokens"] > 0
+    assert with_cache["num_computed_tokens"] < 1.001 * work < without["num_computed_tokens"] / 3
+    assert without["tpot_s_p50"] > 5 * with_cache["tpot_s_p50"]  # the lone decode shares each step with a chunk
+
+
+def test_a_hosts_own_decode_bandwidth_gives_the_inter_token_latencies_its_runs_published(tmp_path):
+    """GPUStack's H100 of its Qwen3-14B and -32B pages decoded a lone 32,000-token request of Qwen3-32B at 43.3 ms a
+    token: 1,760 GB/s, where the datasheet's 3,350 at the engine's share gives 26 ms. With that host's figure every
+    vLLM run of those pages gets the median ITL it published within 12% (those of fixed lengths within 5%; the
+    ShareGPT burst's steps are as much its compute's), though no fit ever sees an ITL; with the datasheet's, each
+    comes out at least a fifth short."""
+    from harness.sim.calibrate import default_params, simulate
+    from harness.sim.measured import MeasuredRunError, load_measured
+
+    runs = [run for run in map(load_measured, sorted(GPUSTACK.glob("*vllm*.json"))) if run.host_bandwidth]
+    assert len(runs) == 8 and all(run.hardware == "h100" and "itl_s_p50" in run.metrics for run in runs)
+    for run in runs:
+        published = run.metrics["itl_s_p50"]
+        assert simulate(run, default_params(run))["itl_s_p50"] == pytest.approx(published, rel=0.12), run.name
+        datasheet = dataclasses.replace(run, setup={k: v for k, v in run.setup.items() if k != "host_bandwidth_gbps"})
+        assert datasheet.host_bandwidth is None
+        assert simulate(datasheet, default_params(datasheet))["itl_s_p50"] < 0.8 * published, run.name
+    data = json.loads((GPUSTACK / "gpustack-h100-qwen3-32b-vllm-random-32k.json").read_text())
+    del data["setup"]["host_bandwidth_from"]
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    with pytest.raises(MeasuredRunError, match="setup.host_bandwidth_gbps must be a positive number of GB/s, with "
+                                               "setup.host_bandwidth_from saying which measurement shows it"):
+        load_measured(tmp_path / "run.json")
+
+
 def test_the_chat_endpoint_adds_its_latency_to_every_ttft_of_a_closed_loop(tmp_path):
     from harness.sim.calibrate import default_params, pinned_params, simulate
     from harness.sim.measured import MeasuredRunError, load_measured

@@ -28,11 +28,12 @@ def started_vllm(cfg, out: Path, *flags: str):
 
 def replay_setup(cfg) -> dict:
     """What a replay of runs against the server `started_vllm(cfg, ...)` starts must be told that their run folders
-    do not say (`harness.sim.measured.sweep_setup` reads it back): the engine caps it was started with, and that it
-    schedules each step after the last ended (vLLM's CPU platform turns async scheduling off)."""
+    do not say (`harness.sim.measured.sweep_setup` reads it back): the engine caps it was started with, that it
+    schedules each step after the last ended (vLLM's CPU platform turns async scheduling off), and whether it cached
+    prompt blocks (a replay otherwise assumes vLLM's default, on)."""
     fields = _launch_fields(cfg, read_model_config(cfg.model))
     return {"max_num_seqs": fields["max_num_seqs"], "max_num_batched_tokens": fields["max_batch_tokens"],
-            "async_scheduling": False}
+            "async_scheduling": False, "prefix_caching": bool(cfg.kv_cache.prefix_caching)}
 
 
 def _launch_fields(cfg, config: dict) -> dict:

@@ -12,7 +12,8 @@ round runs every load in turn (closed loops, then Poisson rates), starting one l
 the machine's drift spreads over the loads; a short unrecorded run first warms the server. Writes
 `<out>/concurrency-<c>/seed-<k>` and `<out>/rate-<r>/seed-<k>`, round k sending the workload of seed k, and
 `<out>/setup.yaml`: what a replay must know that the run folders do not say (the server's caps; that it scheduled
-without overlap). Add `hardware: <file>` to it (a hardware file of this machine) before calibrating.
+without overlap; that it cached no prompts). Add `hardware: <file>` to it (a hardware file of this machine) before
+calibrating.
 """
 
 import argparse
@@ -31,7 +32,8 @@ from harness.sim.measured import SETUP_FILE
 # vLLM keeps a core back for its front end unless told which cores its worker takes.
 BIND = "VLLM_CPU_OMP_THREADS_BIND={cpu_list}"
 SETUP_HEADER = ("# What harness.sim.calibrate must know of these runs that their folders do not say (the server's\n"
-                "# caps; that vLLM on a CPU schedules each step after the last): add `hardware: <its file>`.\n")
+                "# caps; that vLLM on a CPU schedules each step after the last; that the sweep started it with prefix\n"
+                "# caching off): add `hardware: <its file>`.\n")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

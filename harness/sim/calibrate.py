@@ -62,6 +62,8 @@ def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
     engine = _profile(fixture_engine(run.setup)).overridden(asdict(params))
     if "async_scheduling" in run.setup:
         engine = engine.overridden({"async_scheduling": bool(run.setup["async_scheduling"])})
+    if run.host_bandwidth:  # what its host's decode steps showed, in place of the datasheet's x the engine's share
+        engine = engine.overridden({"memory_efficiency": run.host_bandwidth / hardware.memory_bandwidth})
     costs = RooflineCostModel(arch, hardware, engine, params.compute_efficiency, run.tensor_parallel,
                               run.expert_parallel)
     default_seqs, default_tokens = hardware.serving_defaults
@@ -83,6 +85,7 @@ def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
         block_size=BLOCK_SIZE,
         max_model_len=config["max_position_embeddings"],
         engine_class=simulated_engine,
+        prefix_caching=run.prefix_caching,
     )
     replay(
         [engine],
@@ -161,8 +164,8 @@ def screened_start(start, bounds: dict[str, tuple[float, float]], loss_of: Calla
     """A second start for a local search, from `start`: each group of figures in `SCREEN_GROUPS` in turn scaled
     together by the best of `SCREEN_FACTORS` (within `bounds`), the others held, in two passes (25 simulations of the
     runs). An engine profile fitted on GPUs can be far off on a machine whose host work outweighs its model: on three
-    of vLLM's runs here (loops of 1, 4 and 16) the V1 profile's loss is 0.72; this screen finds host figures x3,
-    shares of peak x0.3 and front end x0.1, at 0.028."""
+    of vLLM's runs here (loops of 1, 4 and 16) the V1 profile's loss is 0.40; this screen finds host figures x3 and
+    front end x0.1, at 0.045."""
     best, best_loss = start, loss_of(start)
     groups = [[name for name in group if name in bounds] for group in SCREEN_GROUPS]
     for _ in range(2):
@@ -191,8 +194,15 @@ def fit(runs: list[MeasuredRun], start: RooflineParams, max_evaluations: int = 4
     here one search stopped at a loss of 0.085, its restart reached 0.021). The expert GEMMs' figures are searched
     only when some run served a mixture of experts, the chat endpoint's latency only when some run was sent to it."""
     bounds = {name: tuple(limits) for name, limits in asdict(BOUNDS).items() if name in pinned_params(runs)}
+    return two_start_search(start, bounds, functools.partial(loss, runs), max_evaluations, max_rounds)
+
+
+def two_start_search(start, bounds: dict[str, tuple[float, float]], loss_of: Callable, max_evaluations: int,
+                     max_rounds: int = 2):
+    """The better of two `bounded_search`es of the dataclass `start` (`fit`'s, and an engine profile's fit across
+    GPUs): one from `start`, one from its screened variant where that differs."""
     # Memoized: the searches evaluate their starts again, and the screen's second pass points of its first.
-    loss_of = functools.cache(functools.partial(loss, runs))
+    loss_of = functools.cache(loss_of)
     starts = dict.fromkeys([start, screened_start(start, bounds, loss_of)])  # one search if the screen kept `start`
     return min((bounded_search(s, bounds, loss_of, max_evaluations, max_rounds) for s in starts),
                key=lambda found: found[1])
@@ -299,7 +309,8 @@ def parse_setup(pairs: list[str]) -> dict:
 
 # What `screened_start` scales together, and by how much: the host's figures (its time a step, a sequence, a token),
 # the hardware's shares of peak, the front end's figures.
-SCREEN_GROUPS = (("step_overhead_s", "seq_overhead_s", "token_overhead_s"), ("compute_efficiency", "memory_efficiency"),
+SCREEN_GROUPS = (("step_overhead_s", "seq_overhead_s", "token_overhead_s"),
+                 ("compute_efficiency", "compute_scale", "memory_efficiency"),
                  ("frontend_latency_s", "frontend_service_s"))
 SCREEN_FACTORS = (0.1, 0.3, 3.0, 10.0)
 

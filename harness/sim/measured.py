@@ -26,6 +26,7 @@ from omegaconf import OmegaConf
 from harness.analysis.results import find_run_folders, read_status
 from harness.config import ENDPOINTS
 from harness.model_spec import described_model
+from harness.sim.engine_profile import fixture_engine
 from workloads import RequestSpec
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ METRICS = {
     "mean_ttft_ms": ("ttft_s_mean", 1e-3),
     "median_e2el_ms": ("e2e_s_p50", 1e-3),
     "mean_e2el_ms": ("e2e_s_mean", 1e-3),
+    "median_itl_ms": ("itl_s_p50", 1e-3),  # shown beside a prediction, never fitted (`calibrate.WEIGHTS`)
 }
 
 
@@ -86,6 +88,22 @@ class MeasuredRun:
     def expert_parallel(self) -> bool:
         return bool(self.setup.get("expert_parallel", False))
 
+    @property
+    def host_bandwidth(self) -> float | None:
+        """The memory bandwidth (bytes/s) its GPU's decode steps reached on the host it ran on, where its source shows
+        it (`setup.host_bandwidth_gbps`, with `setup.host_bandwidth_from` saying how): it stands in for the datasheet's
+        bandwidth times the engine's memory efficiency. None: the datasheet's and the engine's."""
+        gbps = self.setup.get("host_bandwidth_gbps")
+        return float(gbps) * 1e9 if gbps is not None else None
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether the engine kept computed prompt blocks cached (`setup.prefix_caching`; else its default: on in
+        vLLM's V1 engine and SGLang, off in vLLM 0.5). With it, a request preempted for want of blocks finds its
+        computed prompt blocks again unless they were evicted since, instead of computing them anew: a cache that
+        holds one long prompt at a time would otherwise recompute every chunk of the next one at each preemption."""
+        return bool(self.setup.get("prefix_caching", fixture_engine(self.setup) != "vllm-0.5"))
+
 
 def load_measured(path: str | Path, seed: int = 0) -> MeasuredRun:
     """A vllm bench result JSON with its `setup` block. vllm bench does not save arrival times: at a finite rate
@@ -106,6 +124,11 @@ def load_measured(path: str | Path, seed: int = 0) -> MeasuredRun:
     if setup.get("endpoint", "completions") not in ENDPOINTS:
         raise MeasuredRunError(f"measured run {str(path)!r}: setup.endpoint is {setup['endpoint']!r}; it must be "
                                f"one of {', '.join(ENDPOINTS)} (the API its client called)")
+    bandwidth = setup.get("host_bandwidth_gbps")
+    if bandwidth is not None and not (isinstance(bandwidth, int | float) and not isinstance(bandwidth, bool)
+                                      and bandwidth > 0 and setup.get("host_bandwidth_from")):
+        raise MeasuredRunError(f"measured run {str(path)!r}: setup.host_bandwidth_gbps must be a positive number of "
+                               "GB/s, with setup.host_bandwidth_from saying which measurement shows it")
     metrics = {
         ours: float(data[theirs]) * scale for theirs, (ours, scale) in METRICS.items() if data.get(theirs) is not None
     }
