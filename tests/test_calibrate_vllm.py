@@ -134,6 +134,9 @@ def test_a_sweeps_setup_file_says_what_its_run_folders_do_not(tmp_path):
     (sweep / "setup.yaml").write_text("- hardware\n")
     with pytest.raises(MeasuredRunError, match="setup.yaml' must map setup keys to values"):
         load_measured_runs([str(sweep)])
+    # A run folder's setup is held to what a published run's is: a host's bandwidth says where it was read.
+    with pytest.raises(MeasuredRunError, match="setup.host_bandwidth_gbps must be a positive number of GB/s"):
+        load_measured_runs([str(MEASURED / "rate-4")], {"host_bandwidth_gbps": 1760})
 
 
 def test_a_run_whose_engine_scheduled_each_step_after_the_last_is_replayed_so():

@@ -121,14 +121,7 @@ def load_measured(path: str | Path, seed: int = 0) -> MeasuredRun:
             f'measured run {str(path)!r}: say which GPU and model it ran on ("hardware" and '
             '"model", names from conf/hardware/ and conf/model/)'
         )
-    if setup.get("endpoint", "completions") not in ENDPOINTS:
-        raise MeasuredRunError(f"measured run {str(path)!r}: setup.endpoint is {setup['endpoint']!r}; it must be "
-                               f"one of {', '.join(ENDPOINTS)} (the API its client called)")
-    bandwidth = setup.get("host_bandwidth_gbps")
-    if bandwidth is not None and not (isinstance(bandwidth, int | float) and not isinstance(bandwidth, bool)
-                                      and bandwidth > 0 and setup.get("host_bandwidth_from")):
-        raise MeasuredRunError(f"measured run {str(path)!r}: setup.host_bandwidth_gbps must be a positive number of "
-                               "GB/s, with setup.host_bandwidth_from saying which measurement shows it")
+    check_setup(setup, path)
     metrics = {
         ours: float(data[theirs]) * scale for theirs, (ours, scale) in METRICS.items() if data.get(theirs) is not None
     }
@@ -158,6 +151,18 @@ def load_measured(path: str | Path, seed: int = 0) -> MeasuredRun:
         setup=setup,
         zero_ttft_requests=_zero_ttft_requests(data, setup, output_lens, path),
     )
+
+
+def check_setup(setup: dict, path: Path) -> None:
+    """Raises MeasuredRunError naming the `setup` value of the run at `path` that a replay cannot use."""
+    if setup.get("endpoint", "completions") not in ENDPOINTS:
+        raise MeasuredRunError(f"measured run {str(path)!r}: setup.endpoint is {setup['endpoint']!r}; it must be "
+                               f"one of {', '.join(ENDPOINTS)} (the API its client called)")
+    bandwidth = setup.get("host_bandwidth_gbps")
+    if bandwidth is not None and not (isinstance(bandwidth, int | float) and not isinstance(bandwidth, bool)
+                                      and bandwidth > 0 and setup.get("host_bandwidth_from")):
+        raise MeasuredRunError(f"measured run {str(path)!r}: setup.host_bandwidth_gbps must be a positive number of "
+                               "GB/s, with setup.host_bandwidth_from saying which measurement shows it")
 
 
 def _zero_ttft_requests(data: dict, setup: dict, output_lens: list[int], path: Path) -> frozenset[int]:
@@ -378,6 +383,8 @@ def load_run_folder(path: Path, setup: dict) -> MeasuredRun:
             "prefills were shorter than the simulator, which computes every prompt in full, would replay them; "
             "measure with prompts the server has not seen (another workload.seed) or its prefix caching off "
             "(vLLM: --no-enable-prefix-caching)")
+    setup = {"endpoint": config.runner.get("endpoint", "completions")} | setup
+    check_setup(setup, path)
     metrics = {ours: float(summary[ours]) for ours, _ in METRICS.values() if summary.get(ours) is not None}
     concurrency = config.workload.get("max_concurrency")
     return MeasuredRun(
@@ -387,4 +394,4 @@ def load_run_folder(path: Path, setup: dict) -> MeasuredRun:
         max_num_seqs=setup.get("max_num_seqs"), max_num_batched_tokens=setup.get("max_num_batched_tokens"),
         memory_fraction=float(setup.get("gpu_memory_utilization", config.kv_cache.memory_fraction)),
         served_over_http=runner in ("openai", "sim"),
-        setup={"endpoint": config.runner.get("endpoint", "completions")} | setup)
+        setup=setup)
