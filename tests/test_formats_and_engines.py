@@ -231,6 +231,29 @@ def test_a_hosts_own_decode_bandwidth_gives_the_inter_token_latencies_its_runs_p
         load_measured(tmp_path / "run.json")
 
 
+def test_every_published_vllm_v1_run_had_a_cache_that_holds_one_request_of_its_whole_context():
+    """vLLM's V1 engine refuses to start unless its KV cache holds one request of the model's whole context
+    (`max_model_len`, the config's unless the server was given one): every published run of it started, so the cache
+    the simulator gives it must hold that much. A bound from below on the memory model (the memory CUDA reports,
+    the weights, what the engine keeps back): Qwen3-32B on one 80 GB GPU at 0.9 needs 10.0 GiB for its 40,960
+    tokens and the model leaves it 10.3 GiB; what vLLM 0.11 kept back beside the weights was at most the difference."""
+    from harness.sim.calibrate import run_architecture
+    from harness.sim.measured import load_measured
+
+    runs = [run for run in map(load_measured, PUBLISHED) if fixture_engine(run.setup) == "vllm-v1"
+            and get_hardware(run.hardware).kind == "gpu"]
+    assert len(runs) >= 30
+    tightest = 1e9
+    for run in runs:
+        costs = RooflineCostModel(run_architecture(run), get_hardware(run.hardware), get_engine("vllm-v1"),
+                                  tensor_parallel=run.tensor_parallel, expert_parallel=run.expert_parallel)
+        context = run.setup.get("max_model_len") or described_model(run.model)["max_position_embeddings"]
+        held = 16 * costs.num_kv_blocks(16, run.memory_fraction)
+        assert held >= context, run.name
+        tightest = min(tightest, held / context)
+    assert tightest < 1.05  # the 32B runs on one GPU: 1 GB less and vLLM would not have started
+
+
 def test_the_chat_endpoint_adds_its_latency_to_every_ttft_of_a_closed_loop(tmp_path):
     from harness.sim.calibrate import default_params, pinned_params, simulate
     from harness.sim.measured import MeasuredRunError, load_measured

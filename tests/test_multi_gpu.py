@@ -64,7 +64,7 @@ def test_the_engines_own_time_grows_with_sequences_and_tokens_and_not_with_gpus(
 def test_a_70b_on_one_gpu_is_refused_and_runs_on_four(tmp_path):
     overrides = ["runner=sim", "runner.hardware=h100", "model=llama-3.1-70b", "workload.num_requests=8",
                  "progress=false"]
-    with pytest.raises(ConfigError, match=r"weights \(141.1 GB\) do not fit in 90% of H100-SXM's 86 GB; "
+    with pytest.raises(ConfigError, match=r"weights \(141.1 GB\) do not fit in 90% of H100-SXM's 85 GB; "
                                           r"runner.tensor_parallel=4 would hold them"):
         run_job(compose_config(overrides), tmp_path / "one")
     summary = run_job(compose_config([*overrides, "runner.tensor_parallel=4"]), tmp_path / "four")
