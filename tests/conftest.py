@@ -97,21 +97,22 @@ class ScriptedRunner:
 
 
 def run_engine(model, specs, strategy: str, block_size: int = 4, num_blocks: int = 256, keep_logits=False,
-               max_model_len: int = 2048, kernel_backend: str = "auto", prefix_caching: bool = False, **options):
+               max_model_len: int = 2048, kernel_backend: str = "auto", prefix_caching: bool = False,
+               scheduler: str = "vllm", **options):
     """The real runner on `model`, with scripted step times: (records, engine, runner with the kept logits)."""
     engine = build_replica(strategy, options,
                            lambda a: ScriptedRunner(RealRunner(model, a, keep_logits, kernel_backend)),
                            num_blocks=num_blocks, block_size=block_size, max_model_len=max_model_len,
-                           prefix_caching=prefix_caching)
+                           prefix_caching=prefix_caching, scheduler=scheduler)
     return engine.run(specs), engine, engine.runner
 
 
 def run_schedule(specs, strategy: str, block_size: int = 4, num_blocks: int = 256, max_model_len: int = 2048,
-                 eos_token_ids=(), prefix_caching: bool = False, **options):
+                 eos_token_ids=(), prefix_caching: bool = False, scheduler: str = "vllm", **options):
     """The schedule alone, no model: (records, runner with every plan, allocator)."""
     engine = build_replica(strategy, options, lambda a: ScriptedRunner(), num_blocks=num_blocks,
                            block_size=block_size, max_model_len=max_model_len, eos_token_ids=eos_token_ids,
-                           prefix_caching=prefix_caching)
+                           prefix_caching=prefix_caching, scheduler=scheduler)
     return engine.run(specs), engine.runner, engine.allocator
 
 

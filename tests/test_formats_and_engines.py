@@ -254,6 +254,25 @@ def test_every_published_vllm_v1_run_had_a_cache_that_holds_one_request_of_its_w
     assert tightest < 1.05  # the 32B runs on one GPU: 1 GB less and vLLM would not have started
 
 
+def test_the_sglang_profile_schedules_as_sglang_does(tmp_path):
+    """`runner.engine=sglang` brings SGLang's schedule with its costs: prefill batches run apart from decoding ones,
+    and a burst enters against a reserve for the running requests' output to come, where vLLM's schedule mixes
+    prefill chunks into decoding steps and admits whatever the cache holds now."""
+    import pandas as pd
+
+    base = ["runner=sim", "runner.hardware=a100-80gb", "model=qwen3-32b", "workload=random", "workload.rate=null",
+            "workload.num_requests=300", "workload.input_len=1000", "workload.output_len=400", "progress=false"]
+    steps = {}
+    for engine in ("sglang", "vllm-v1"):
+        summary = run_job(compose_config([*base, f"runner.engine={engine}"]), tmp_path / engine)
+        assert summary["num_finished"] == 300 and summary["engine_profile"] == engine
+        steps[engine] = pd.read_csv(tmp_path / engine / "steps.csv")
+    mixed = {e: ((s.num_prefill_tokens > 0) & (s.num_decode_tokens > 0)).sum() for e, s in steps.items()}
+    assert mixed["sglang"] == 0 < mixed["vllm-v1"]
+    most_running = {e: s.num_seqs.max() for e, s in steps.items()}
+    assert most_running["sglang"] < most_running["vllm-v1"]
+
+
 def test_the_chat_endpoint_adds_its_latency_to_every_ttft_of_a_closed_loop(tmp_path):
     from harness.sim.calibrate import default_params, pinned_params, simulate
     from harness.sim.measured import MeasuredRunError, load_measured

@@ -22,6 +22,9 @@ SETTINGS = {
                                                     order="prefill_first", max_prefill_chunk=4)),
     # 12 blocks of 3 slots hold 36 tokens; six requests want ~90: preemption by recompute must kick in.
     "continuous-preempting": ("continuous", dict(block_size=3, num_blocks=12, max_batch_tokens=32, max_num_seqs=6)),
+    # SGLang's schedule in that small cache: prefill batches apart, admission against a reserve for output to come.
+    "continuous-sglang": ("continuous", dict(block_size=3, num_blocks=12, max_batch_tokens=32, max_num_seqs=6,
+                                             scheduler="sglang")),
 }
 
 _generated: dict = {}

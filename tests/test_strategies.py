@@ -118,9 +118,12 @@ def snapshot(queues):
             for q in queues]
 
 
-@pytest.mark.parametrize("strategy,options", [("static", dict(batch_size=3)), ("dynamic", dict(batch_size=3)),
-                                              ("continuous", dict(max_batch_tokens=12, max_num_seqs=4))])
-def test_strategies_only_read_requests_and_queues(strategy, options):
+@pytest.mark.parametrize("strategy,options,scheduler", [
+    ("static", dict(batch_size=3), "vllm"), ("dynamic", dict(batch_size=3), "vllm"),
+    ("continuous", dict(max_batch_tokens=12, max_num_seqs=4), "vllm"),
+    ("continuous", dict(max_batch_tokens=12, max_num_seqs=4), "sglang"),
+])
+def test_strategies_only_read_requests_and_queues(strategy, options, scheduler):
     """The engine is the one writer of request state: a strategy's `schedule` reports admissions and preemptions
     in its plan and changes nothing itself (a small cache makes continuous preempt)."""
     specs = make_specs([(9, 12), (3, 20), (14, 6), (5, 15), (11, 9), (2, 30)], arrivals=[0, 0, 0, 0.05, 0.05, 0.1])
@@ -142,13 +145,13 @@ def test_strategies_only_read_requests_and_queues(strategy, options):
     from tests.conftest import ScriptedRunner
 
     engine = build_replica(strategy, options, lambda a: ScriptedRunner(), num_blocks=14, block_size=4,
-                           max_model_len=2048)
+                           max_model_len=2048, scheduler=scheduler)
     engine.strategy.schedule = checked(engine.strategy.schedule)
     records = engine.run(specs)
     assert all(r.status == RequestStatus.FINISHED for r in records.requests)
     assert seen["plans"] == len(records.steps)
-    if strategy == "continuous":
-        assert seen["preempted"] > 0  # the preemption path was checked too
+    if scheduler == "vllm" and strategy == "continuous":
+        assert seen["preempted"] > 0  # the preemption path was checked too (SGLang's reserve keeps it from one here)
 
 
 def test_any_of_several_eos_ids_ends_a_request():
@@ -157,3 +160,73 @@ def test_any_of_several_eos_ids_ends_a_request():
                                  max_num_seqs=2, eos_token_ids=[3, 7])  # the scripted runner samples 7
     assert [r.num_output_tokens for r in records.requests] == [1, 1]
     assert all(r.status == RequestStatus.FINISHED for r in records.requests)
+
+
+def test_sglang_runs_prefill_batches_apart_and_finishes_everyone():
+    """SGLang's schedule: a step admits and prefills, or decodes, never both; every request finishes, no leak."""
+    specs = make_specs([(40, 5), (3, 9), (70, 2), (12, 12), (25, 4)] * 3, arrivals=[0.01 * i for i in range(15)])
+    records, runner, allocator = run_schedule(specs, "continuous", num_blocks=40, max_batch_tokens=32,
+                                              max_num_seqs=4, scheduler="sglang")
+    decoding = [all(c.is_decode for c in p.chunks) for p in runner.plans]
+    prefilling = [not any(c.is_decode for c in p.chunks) for p in runner.plans]
+    assert all(d or p for d, p in zip(decoding, prefilling)) and any(decoding) and any(prefilling)
+    assert all(p.num_scheduled_tokens <= 32 and len(p.chunks) <= 4 for p in runner.plans)
+    assert all(r.status == RequestStatus.FINISHED for r in records.requests)
+    assert allocator.num_used_blocks == 0
+
+
+def test_sglang_admits_against_a_reserve_for_the_running_requests_output_to_come():
+    """Four requests decoding with 98 tokens each to come: at SGLang's starting ratio, 0.7, they reserve 274 of the
+    cache's 230 free slots, so a 12-token newcomer waits though its blocks fit (vLLM's schedule takes it); once the
+    ratio has decayed to its floor, 0.098, they reserve 38 and it enters."""
+    from strategies.sglang import MIN_NEW_TOKEN_RATIO, SGLangBatching
+
+    newcomer = Request(request_id=9, arrival_s=0.0, token_ids=[1] * 8, num_prompt_tokens=8, max_new_tokens=4)
+    admitted = {}
+    for policy in (SGLangBatching, ContinuousBatching):
+        allocator = BlockAllocator(num_blocks=64, block_size=4)
+        strategy = policy(allocator, max_batch_tokens=64, max_num_seqs=8)
+        running = [decoding_request(i, prompt_len=10, num_output=2) for i in range(4)]
+        for r in running:
+            allocator.allocate(r, r.num_computed_tokens)
+        assert allocator.num_free_blocks * 4 == 256 - 4 * 12
+        admitted[policy] = strategy.schedule(deque([newcomer]), running).admitted
+    assert admitted == {SGLangBatching: [], ContinuousBatching: [newcomer]}
+    allocator = BlockAllocator(num_blocks=64, block_size=4)
+    strategy = SGLangBatching(allocator, max_batch_tokens=64, max_num_seqs=8)
+    strategy.new_token_ratio = MIN_NEW_TOKEN_RATIO
+    running = [decoding_request(i, prompt_len=10, num_output=2) for i in range(4)]
+    for r in running:
+        allocator.allocate(r, r.num_computed_tokens)
+    plan = strategy.schedule(deque([newcomer]), running)
+    assert plan.admitted == [newcomer] and all(not c.is_decode for c in plan.chunks)  # a prefill batch, alone
+
+
+def test_sglang_learns_its_ratio_from_decode_batches_and_retractions():
+    """The ratio falls from 0.7 to 0.098 over 600 decode batches. A decode batch short of cache retracts the
+    requests with the fewest output tokens (ties: the longest prompt) until 20 tokens each fit for the rest, and
+    the ratio becomes the share of their output budgets the rest have used: (outputs + 20 each) / (budgets + 1)."""
+    from strategies.sglang import INIT_NEW_TOKEN_RATIO, MIN_NEW_TOKEN_RATIO, SGLangBatching
+
+    allocator = BlockAllocator(num_blocks=64, block_size=4)
+    strategy = SGLangBatching(allocator, max_batch_tokens=64, max_num_seqs=8)
+    running = [decoding_request(0, prompt_len=10, num_output=2)]
+    allocator.allocate(running[0], running[0].num_computed_tokens)
+    strategy.schedule(deque(), running)
+    assert strategy.new_token_ratio == pytest.approx(INIT_NEW_TOKEN_RATIO - (0.7 - 0.098) / 600)
+    for _ in range(700):
+        strategy.schedule(deque(), running)
+    assert strategy.new_token_ratio == pytest.approx(MIN_NEW_TOKEN_RATIO) == pytest.approx(0.098)
+
+    # Block size 4: each request's 12 tokens fill 3 blocks and its next token opens a fourth; none is free.
+    allocator = BlockAllocator(num_blocks=9, block_size=4)
+    strategy = SGLangBatching(allocator, max_batch_tokens=64, max_num_seqs=8)
+    running = [decoding_request(0, prompt_len=8, num_output=5), decoding_request(1, prompt_len=10, num_output=3),
+               decoding_request(2, prompt_len=9, num_output=4)]
+    for r in running:
+        assert allocator.allocate(r, r.num_computed_tokens)
+    assert allocator.num_free_blocks == 0
+    plan = strategy.schedule(deque(), running)
+    assert [r.request_id for r in plan.preempted] == [1, 2]  # fewest outputs first, until 20 x 1 tokens fit
+    assert [c.request.request_id for c in plan.chunks] == [0]
+    assert strategy.new_token_ratio == pytest.approx((5 + 20) / (100 + 1))

@@ -5,14 +5,15 @@ from collections.abc import Callable, Iterable
 from harness.core.engine import Engine
 from harness.core.kv_cache import BlockAllocator
 from harness.core.runner import Runner
-from strategies import STRATEGIES
+from strategies import CONTINUOUS_SCHEDULERS, STRATEGIES
 
 
 def build_replica(strategy: str, options: dict, make_runner: Callable[[BlockAllocator], Runner], *,
                   num_blocks: int, block_size: int, max_model_len: int, eos_token_ids: Iterable[int] = (),
-                  engine_class: Callable[..., Engine] = Engine, prefix_caching: bool = False) -> Engine:
+                  engine_class: Callable[..., Engine] = Engine, prefix_caching: bool = False,
+                  scheduler: str = "vllm") -> Engine:
     """A replica running `strategy` with `options` over a fresh cache of `num_blocks` blocks (reusing cached prompt
-    prefixes if `prefix_caching`).
+    prefixes if `prefix_caching`); continuous batching as `scheduler`'s engine schedules it (`CONTINUOUS_SCHEDULERS`).
 
     `engine_class` makes the engine from (strategy, runner, allocator, max_model_len, eos_token_ids): `Engine`,
     or a simulator's choice (`harness.sim.replica.simulated_engine`). `make_runner` gets the allocator (a real
@@ -24,7 +25,8 @@ def build_replica(strategy: str, options: dict, make_runner: Callable[[BlockAllo
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     allocator = BlockAllocator(num_blocks, block_size, prefix_caching)
     try:
-        policy = STRATEGIES[strategy](allocator, **options)
+        policy_class = CONTINUOUS_SCHEDULERS[scheduler] if strategy == "continuous" else STRATEGIES[strategy]
+        policy = policy_class(allocator, **options)
     except TypeError as e:  # an option the strategy does not take, or one it needs
         raise ValueError(f"strategy={strategy}: {e}") from None
     if allocator.num_blocks < policy.max_concurrency:

@@ -59,12 +59,12 @@ def _profile(name: str) -> EngineProfile:
 def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
     """The run's summary as the simulator predicts it with `params` (its engine's profile, the figures replaced)."""
     config, arch, hardware = _described(run.model, run.hardware, run.quantization, run.kv_cache_dtype)
-    engine = _profile(fixture_engine(run.setup)).overridden(asdict(params))
+    profile = _profile(fixture_engine(run.setup)).overridden(asdict(params))
     if "async_scheduling" in run.setup:
-        engine = engine.overridden({"async_scheduling": bool(run.setup["async_scheduling"])})
+        profile = profile.overridden({"async_scheduling": bool(run.setup["async_scheduling"])})
     if run.host_bandwidth:  # what its host's decode steps showed, in place of the datasheet's x the engine's share
-        engine = engine.overridden({"memory_efficiency": run.host_bandwidth / hardware.memory_bandwidth})
-    costs = RooflineCostModel(arch, hardware, engine, params.compute_efficiency, run.tensor_parallel,
+        profile = profile.overridden({"memory_efficiency": run.host_bandwidth / hardware.memory_bandwidth})
+    costs = RooflineCostModel(arch, hardware, profile, params.compute_efficiency, run.tensor_parallel,
                               run.expert_parallel)
     default_seqs, default_tokens = hardware.serving_defaults
     options = {
@@ -86,6 +86,7 @@ def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
         max_model_len=config["max_position_embeddings"],
         engine_class=simulated_engine,
         prefix_caching=run.prefix_caching,
+        scheduler=profile.scheduler,
     )
     replay(
         [engine],

@@ -25,9 +25,10 @@ class SimContinuous(SimEngine):
 
     @staticmethod
     def covers(strategy: ContinuousBatching) -> bool:
-        """Decodes first, and every decoder fits the token budget: otherwise which decoders run is decided request
-        by request, as the step-by-step engine does."""
-        return strategy.order == "decode_first" and strategy.max_num_seqs <= strategy.max_batch_tokens
+        """vLLM's schedule, decodes first, and every decoder fits the token budget: otherwise which decoders run is
+        decided request by request, as the step-by-step engine does (SGLang's schedule among them)."""
+        return (type(strategy) is ContinuousBatching and strategy.order == "decode_first"
+                and strategy.max_num_seqs <= strategy.max_batch_tokens)
 
     def step(self, arrivals: Arrivals | None = None) -> None:
         if self._decode_stretch(arrivals):

@@ -6,12 +6,13 @@ and per token, and whether the engine schedules the next step while the GPU runs
 and how well its kernels use the GPU: the share of peak memory bandwidth they reach, a scale on the hardware
 class's compute efficiency, and how the grouped GEMMs of a mixture of experts fall short of dense ones. Every
 figure was fitted to published runs of that engine (the profile's file says which) and may be overridden one by
-one (`runner.step_overhead_s=...`) or all together by a calibration (`runner.calibration=`).
+one (`runner.step_overhead_s=...`) or all together by a calibration (`runner.calibration=`). A profile also names
+how its engine schedules continuous batching (`scheduler`: vLLM's or SGLang's, `strategies.CONTINUOUS_SCHEDULERS`).
 """
 
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError
 
@@ -41,6 +42,7 @@ class EngineSpec(Strict):
     frontend_service_s: Seconds
     chat_latency_s: Seconds = 0.0
     async_scheduling: bool = False
+    scheduler: Literal["vllm", "sglang"] = "vllm"
     moe_efficiency: Share = 1.0
     moe_tokens_half: Annotated[float, Field(ge=0)] = 0.0
     expert_overhead_s: Annotated[float, Field(ge=0, le=1e-3)] = 0.0
@@ -60,6 +62,9 @@ class EngineProfile:
     # and the chat serving path's own work, before its prompt is tokenized as a completion's is.
     chat_latency_s: float = 0.0
     async_scheduling: bool = False  # the host's step work overlaps the GPU's previous step
+    # How it schedules continuous batching: vLLM's way (`strategies.continuous`) or SGLang's (`strategies.sglang`:
+    # prefill batches apart, admission against a reserve for running requests' output still to come).
+    scheduler: str = "vllm"
     # Expert GEMMs (grouped, one small GEMM per expert) reach `moe_efficiency` of the dense GEMMs' compute
     # efficiency with many tokens per expert, and half that at `moe_tokens_half` tokens per expert.
     moe_efficiency: float = 1.0

@@ -10,7 +10,7 @@ from harness.core.kv_cache import BlockAllocator
 from harness.model_spec import DTYPE_BYTES, dtype_name, load_tokenizer, read_model_config
 from harness.run_parts import CPU_NUM_BLOCKS, configured_replica, load_workload
 from harness.sim.continuous import SimContinuous
-from harness.sim.costmodel import build_cost_model
+from harness.sim.costmodel import RooflineCostModel, build_cost_model
 from harness.sim.padded import SimDynamic, SimStatic
 from harness.sim.router import make_router
 from harness.sim.runner import SimRunner
@@ -56,8 +56,9 @@ def simulated_replicas(cfg: RunConfig):
     else:
         caps = CPU_ENGINE_CAPS, "the CPU defaults"
     engine_class = partial(simulated_engine, shared_prefixes=any(s.prefix_pieces for s in workload.requests))
+    scheduler = costs.engine.scheduler if isinstance(costs, RooflineCostModel) else "vllm"  # a profile's, if any
     replicas = [configured_replica(cfg, lambda allocator: SimRunner(costs), blocks, config["max_position_embeddings"],
-                                   (), engine_class, caps) for _ in range(cfg.runner.replicas)]
+                                   (), engine_class, caps, scheduler) for _ in range(cfg.runner.replicas)]
     route = make_router(cfg.runner.router, cfg.runner.router_load_weight) if len(replicas) > 1 else None
     return replicas, route, workload, "cpu", dtype
 

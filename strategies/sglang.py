@@ -1,0 +1,111 @@
+"""Continuous batching as SGLang schedules it: prefill batches apart from decode batches, admission against a reserve
+for the running requests' future tokens, and that reserve's ratio learned from retractions.
+
+SGLang 0.5's scheduler (python/sglang/srt/managers/scheduler.py, schedule_policy.py, schedule_batch.py), with its
+defaults (mixed chunks off, `schedule_conservativeness` 1, `SGLANG_*` environment defaults):
+
+- Each step it first tries a prefill batch: a request whose prompt is being chunked goes on, then waiting requests
+  in order while the chunk budget (`max_batch_tokens`, SGLang's `chunked_prefill_size`) lasts. If any prefill runs,
+  the step runs no decodes; decoding waits for steps with nothing to admit.
+- A waiting request enters only if its uncached prompt, its output still to come (at most 4,096 tokens) and a page
+  fit in the cache's free space less a reserve: each running request's output still to come times
+  `new_token_ratio`, and the whole of those admitted earlier in the same batch.
+- `new_token_ratio` starts at 0.7 and falls by (0.7 - 0.098) / 600 with each decode batch to 0.098. When a decode
+  batch finds too little cache for its next tokens, SGLang retracts requests, those with the fewest output tokens
+  first (of those, the longest prompt), until 20 more tokens for each request left fit, and sets the ratio to the
+  share the requests left have decoded: (their output tokens + 20 each) / (their output budgets + 1).
+
+A retracted request goes back to the head of the queue here (SGLang's goes to its tail) and recomputes its tokens,
+less what the prefix cache still holds, as the engine does for every preemption. A request that no reserve admits
+runs when nothing else does, so an engine never stands idle with work waiting.
+"""
+
+from collections import deque
+from collections.abc import Sequence
+
+from strategies.base import BatchPlan, Request, ScheduledChunk
+from strategies.continuous import ContinuousBatching
+
+INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO
+MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
+NEW_TOKEN_RATIO_DECAY_STEPS = 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
+RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
+CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+
+
+class SGLangBatching(ContinuousBatching):
+    """SGLang's continuous batching (see the module docstring); the options are `ContinuousBatching`'s, its
+    `order` unused (prefill batches always come first and run alone)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+
+    def schedule(self, waiting: deque[Request], running: Sequence[Request]) -> BatchPlan:
+        plan = self._prefill_batch(waiting, running)
+        return plan if plan.chunks else self._decode_batch(running)
+
+    def _prefill_batch(self, waiting: deque[Request], running: Sequence[Request]) -> BatchPlan:
+        budget = self.max_batch_tokens
+        chunks: list[ScheduledChunk] = []
+        for request in running:  # a prompt being chunked goes on first
+            if budget and not request.is_decoding:
+                num_new = self.num_new_tokens(request, request.num_computed_tokens, budget)
+                if self.kv.allocate(request, request.num_computed_tokens + num_new):
+                    chunks.append(ScheduledChunk(request, request.num_computed_tokens, num_new))
+                    budget -= num_new
+        if any(c.start + c.num_tokens < c.request.num_tokens for c in chunks):
+            return BatchPlan(chunks=chunks)  # one chunked prompt at a time
+        reserved = sum(self._to_come(r) for r in running) * self.new_token_ratio  # tokens
+        admitted: list[Request] = []
+        for request in waiting:
+            if not budget or len(running) + len(admitted) >= self.max_num_seqs:
+                break
+            cached = self.kv.num_cached_tokens(request)
+            uncached = request.num_tokens - cached
+            free = self.kv.num_free_blocks * self.kv.block_size - reserved
+            alone = not running and not admitted  # nothing else would run: never stand idle
+            if uncached + self._to_come(request) + self.kv.block_size >= free and not alone:
+                break
+            num_new = self.num_new_tokens(request, cached, budget)
+            if not self.kv.allocate(request, cached + num_new, cached):
+                break
+            admitted.append(request)
+            chunks.append(ScheduledChunk(request, cached, num_new))
+            budget -= num_new
+            reserved += uncached + self._to_come(request)
+            if num_new < uncached:
+                break  # its prompt is chunked: it goes on next step, alone
+        return BatchPlan(chunks=chunks, admitted=admitted)
+
+    def _decode_batch(self, running: Sequence[Request]) -> BatchPlan:
+        decoding = [r for r in running if r.is_decoding]
+        retracted: list[Request] = []
+        if self._blocks_opened(decoding) > self.kv.num_free_blocks:
+            # Fewest output tokens first, then the longest prompt, as SGLang's `retract_decode` picks, until the rest
+            # have room for 20 more tokens each.
+            keep = sorted(decoding, key=lambda r: (r.num_output_tokens, -r.num_prompt_tokens), reverse=True)
+            while len(keep) > 1 and (self._blocks_opened(keep) > self.kv.num_free_blocks or
+                                     self.kv.num_free_blocks * self.kv.block_size < RETRACT_DECODE_STEPS * len(keep)):
+                victim = keep.pop()
+                self.kv.free(victim)
+                retracted.append(victim)
+            decoding = [r for r in decoding if r not in retracted]
+            self.new_token_ratio = min(1.0, (sum(r.num_output_tokens for r in decoding) + RETRACT_DECODE_STEPS
+                                             * len(decoding)) / (sum(r.max_new_tokens for r in decoding) + 1))
+        else:
+            self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - (
+                INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / NEW_TOKEN_RATIO_DECAY_STEPS)
+        chunks = [ScheduledChunk(r, r.num_computed_tokens, 1) for r in decoding
+                  if self.kv.allocate(r, r.num_computed_tokens + 1)]
+        return BatchPlan(chunks=chunks, preempted=retracted)
+
+    def _blocks_opened(self, decoding: list[Request]) -> int:
+        """Blocks the decoders' next tokens open."""
+        return sum(self.kv.num_blocks_for(r.num_tokens) > self.kv.num_blocks_for(r.num_computed_tokens)
+                   for r in decoding)
+
+    @staticmethod
+    def _to_come(request: Request) -> int:
+        """Its output still to come, as SGLang's estimate clips it."""
+        return min(request.max_new_tokens - request.num_output_tokens, CLIP_MAX_NEW_TOKENS)
