@@ -271,6 +271,17 @@ def test_the_sglang_profile_schedules_as_sglang_does(tmp_path):
     assert mixed["sglang"] == 0 < mixed["vllm-v1"]
     most_running = {e: s.num_seqs.max() for e, s in steps.items()}
     assert most_running["sglang"] < most_running["vllm-v1"]
+    # A profile's file names a scheduler the strategies have, or gets one line naming the choices.
+    from typing import get_args
+
+    from harness.sim.engine_profile import EngineSpec
+    from strategies import CONTINUOUS_SCHEDULERS
+
+    assert set(get_args(EngineSpec.model_fields["scheduler"].annotation)) == set(CONTINUOUS_SCHEDULERS)
+    (tmp_path / "mine.yaml").write_text((ROOT / "conf" / "engine" / "sglang.yaml").read_text().replace(
+        "scheduler: sglang", "scheduler: trtllm"))
+    with pytest.raises(ConfigError, match="scheduler"):
+        validate(compose_config([*base, f"runner.engine={tmp_path / 'mine.yaml'}"]))
 
 
 def test_the_chat_endpoint_adds_its_latency_to_every_ttft_of_a_closed_loop(tmp_path):
