@@ -81,13 +81,15 @@ class SGLangBatching(ContinuousBatching):
     def _decode_batch(self, running: Sequence[Request]) -> BatchPlan:
         decoding = [r for r in running if r.is_decoding]
         retracted: list[Request] = []
-        if self._blocks_opened(decoding) > self.kv.num_free_blocks:
+        opened = sum(map(self._opens_a_block, decoding))  # blocks the decoders' next tokens open
+        if opened > self.kv.num_free_blocks:
             # Fewest output tokens first, then the longest prompt, as SGLang's `retract_decode` picks, until the rest
             # have room for 20 more tokens each.
             keep = sorted(decoding, key=lambda r: (r.num_output_tokens, -r.num_prompt_tokens), reverse=True)
-            while len(keep) > 1 and (self._blocks_opened(keep) > self.kv.num_free_blocks or
+            while len(keep) > 1 and (opened > self.kv.num_free_blocks or
                                      self.kv.num_free_blocks * self.kv.block_size < RETRACT_DECODE_STEPS * len(keep)):
                 victim = keep.pop()
+                opened -= self._opens_a_block(victim)
                 self.kv.free(victim)
                 retracted.append(victim)
             decoding = [r for r in decoding if r not in retracted]
@@ -100,10 +102,9 @@ class SGLangBatching(ContinuousBatching):
                   if self.kv.allocate(r, r.num_computed_tokens + 1)]
         return BatchPlan(chunks=chunks, preempted=retracted)
 
-    def _blocks_opened(self, decoding: list[Request]) -> int:
-        """Blocks the decoders' next tokens open."""
-        return sum(self.kv.num_blocks_for(r.num_tokens) > self.kv.num_blocks_for(r.num_computed_tokens)
-                   for r in decoding)
+    def _opens_a_block(self, request: Request) -> bool:
+        """Whether a decoder's next token opens a block."""
+        return self.kv.num_blocks_for(request.num_tokens) > self.kv.num_blocks_for(request.num_computed_tokens)
 
     @staticmethod
     def _to_come(request: Request) -> int:
