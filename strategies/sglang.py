@@ -17,7 +17,9 @@ defaults (mixed chunks off, `schedule_conservativeness` 1, `SGLANG_*` environmen
 
 A retracted request goes back to the head of the queue here (SGLang's goes to its tail) and recomputes its tokens,
 less what the prefix cache still holds, as the engine does for every preemption. A request that no reserve admits
-runs when nothing else does, so an engine never stands idle with work waiting.
+runs when nothing else does, so an engine never stands idle with work waiting; and where one decoder's next block
+is held by prompts still being chunked (a tiny cache, where SGLang stops on "no space left"), those are retracted
+too, newest first, so it never stands still either.
 """
 
 from collections import deque
@@ -31,6 +33,24 @@ MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_
 NEW_TOKEN_RATIO_DECAY_STEPS = 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
 RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / NEW_TOKEN_RATIO_DECAY_STEPS  # a decode batch
+
+
+def output_to_come(request: Request) -> int:
+    """A request's output still to come, as SGLang's estimate clips it."""
+    return min(request.max_new_tokens - request.num_output_tokens, CLIP_MAX_NEW_TOKENS)
+
+
+def retraction_order(num_output_tokens: int, num_prompt_tokens: int) -> tuple[int, int]:
+    """Decoders sorted by this, largest first, are retracted from the end: the fewest outputs, then the longest
+    prompt (SGLang's `retract_decode`)."""
+    return num_output_tokens, -num_prompt_tokens
+
+
+def ratio_after_retraction(num_output_tokens: int, num_requests: int, max_new_tokens: int) -> float:
+    """`new_token_ratio` once a retraction leaves `num_requests` decoding, with these outputs and output budgets in
+    all: the share they have decoded, counting 20 more tokens each."""
+    return min(1.0, (num_output_tokens + RETRACT_DECODE_STEPS * num_requests) / (max_new_tokens + 1))
 
 
 class SGLangBatching(ContinuousBatching):
@@ -56,7 +76,7 @@ class SGLangBatching(ContinuousBatching):
                     budget -= num_new
         if any(c.start + c.num_tokens < c.request.num_tokens for c in chunks):
             return BatchPlan(chunks=chunks)  # one chunked prompt at a time
-        reserved = sum(self._to_come(r) for r in running) * self.new_token_ratio  # tokens
+        reserved = sum(map(output_to_come, running)) * self.new_token_ratio  # tokens
         admitted: list[Request] = []
         for request in waiting:
             if not budget or len(running) + len(admitted) >= self.max_num_seqs:
@@ -65,7 +85,7 @@ class SGLangBatching(ContinuousBatching):
             uncached = request.num_tokens - cached
             free = self.kv.num_free_blocks * self.kv.block_size - reserved
             alone = not running and not admitted  # nothing else would run: never stand idle
-            if uncached + self._to_come(request) + self.kv.block_size >= free and not alone:
+            if uncached + output_to_come(request) + self.kv.block_size >= free and not alone:
                 break
             num_new = self.num_new_tokens(request, cached, budget)
             if not self.kv.allocate(request, cached + num_new, cached):
@@ -73,7 +93,7 @@ class SGLangBatching(ContinuousBatching):
             admitted.append(request)
             chunks.append(ScheduledChunk(request, cached, num_new))
             budget -= num_new
-            reserved += uncached + self._to_come(request)
+            reserved += uncached + output_to_come(request)
             if num_new < uncached:
                 break  # its prompt is chunked: it goes on next step, alone
         return BatchPlan(chunks=chunks, admitted=admitted)
@@ -83,21 +103,25 @@ class SGLangBatching(ContinuousBatching):
         retracted: list[Request] = []
         opened = sum(map(self._opens_a_block, decoding))  # blocks the decoders' next tokens open
         if opened > self.kv.num_free_blocks:
-            # Fewest output tokens first, then the longest prompt, as SGLang's `retract_decode` picks, until the rest
-            # have room for 20 more tokens each.
-            keep = sorted(decoding, key=lambda r: (r.num_output_tokens, -r.num_prompt_tokens), reverse=True)
+            # Until the rest have room for 20 more tokens each.
+            keep = sorted(decoding, key=lambda r: retraction_order(r.num_output_tokens, r.num_prompt_tokens),
+                          reverse=True)
             while len(keep) > 1 and (opened > self.kv.num_free_blocks or
                                      self.kv.num_free_blocks * self.kv.block_size < RETRACT_DECODE_STEPS * len(keep)):
                 victim = keep.pop()
                 opened -= self._opens_a_block(victim)
                 self.kv.free(victim)
                 retracted.append(victim)
+            chunking = [r for r in running if not r.is_decoding]
+            while opened > self.kv.num_free_blocks and chunking:
+                victim = chunking.pop()
+                self.kv.free(victim)
+                retracted.append(victim)
             decoding = [r for r in decoding if r not in retracted]
-            self.new_token_ratio = min(1.0, (sum(r.num_output_tokens for r in decoding) + RETRACT_DECODE_STEPS
-                                             * len(decoding)) / (sum(r.max_new_tokens for r in decoding) + 1))
+            self.new_token_ratio = ratio_after_retraction(sum(r.num_output_tokens for r in decoding), len(decoding),
+                                                          sum(r.max_new_tokens for r in decoding))
         else:
-            self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - (
-                INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / NEW_TOKEN_RATIO_DECAY_STEPS)
+            self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
         chunks = [ScheduledChunk(r, r.num_computed_tokens, 1) for r in decoding
                   if self.kv.allocate(r, r.num_computed_tokens + 1)]
         return BatchPlan(chunks=chunks, preempted=retracted)
@@ -105,8 +129,3 @@ class SGLangBatching(ContinuousBatching):
     def _opens_a_block(self, request: Request) -> bool:
         """Whether a decoder's next token opens a block."""
         return self.kv.num_blocks_for(request.num_tokens) > self.kv.num_blocks_for(request.num_computed_tokens)
-
-    @staticmethod
-    def _to_come(request: Request) -> int:
-        """Its output still to come, as SGLang's estimate clips it."""
-        return min(request.max_new_tokens - request.num_output_tokens, CLIP_MAX_NEW_TOKENS)

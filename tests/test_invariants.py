@@ -26,6 +26,7 @@ from workloads import RequestSpec
 def scenarios(draw):
     strategy = draw(st.sampled_from(["static", "dynamic", "continuous"]))
     concurrency = draw(st.integers(1, 8))
+    scheduler = draw(st.sampled_from(["vllm", "sglang"])) if strategy == "continuous" else "vllm"
     if strategy == "continuous":
         options = {"max_batch_tokens": draw(st.integers(1, 96)), "max_num_seqs": concurrency,
                    "max_prefill_chunk": draw(st.none() | st.integers(1, 48)),
@@ -50,7 +51,7 @@ def scenarios(draw):
         specs.append(RequestSpec(i, arrivals[i], ids, m, prefix_pieces=pieces))
     return {
         "prefix_caching": prefix_caching, "shared": shared,
-        "strategy": strategy, "options": options, "specs": specs,
+        "strategy": strategy, "scheduler": scheduler, "options": options, "specs": specs,
         "block_size": draw(st.integers(1, 16)), "num_blocks": draw(st.integers(concurrency, 48 if shared else 160)),
         "max_model_len": draw(st.integers(8, 128)), "replicas": draw(st.integers(1, 3)),
         "router": draw(st.sampled_from(sorted(ROUTERS))), "max_concurrency": draw(st.none() | st.integers(1, 6)),
@@ -63,7 +64,7 @@ def run(scenario: dict, engine_class) -> list:
     engines = [build_replica(scenario["strategy"], scenario["options"], lambda a: SimRunner(scenario["cost"]),
                              num_blocks=scenario["num_blocks"], block_size=scenario["block_size"],
                              max_model_len=scenario["max_model_len"], engine_class=engine_class,
-                             prefix_caching=scenario["prefix_caching"])
+                             prefix_caching=scenario["prefix_caching"], scheduler=scenario["scheduler"])
                for _ in range(scenario["replicas"])]
     route = ROUTERS[scenario["router"]]() if len(engines) > 1 else None
     replay(engines, scenario["specs"], route, max_concurrency=scenario["max_concurrency"])
@@ -101,7 +102,11 @@ def check_invariants(scenario: dict) -> None:
             assert after.start_s >= s.start_s + s.duration_s - 1e-12
         for s in steps:
             assert 0 < s.kv_used_blocks <= scenario["num_blocks"]
-            if scenario["strategy"] == "continuous":
+            if scenario["scheduler"] == "sglang":  # a prefill batch under the budget, or a decode batch of any size
+                assert s.num_padding_tokens == 0 and not (s.num_prefill_tokens and s.num_decode_tokens)
+                assert s.num_prefill_tokens <= options["max_batch_tokens"]
+                assert s.num_seqs <= options["max_num_seqs"]
+            elif scenario["strategy"] == "continuous":
                 assert s.num_padding_tokens == 0
                 assert s.num_prefill_tokens + s.num_decode_tokens <= options["max_batch_tokens"]
                 assert s.num_seqs <= options["max_num_seqs"]

@@ -21,7 +21,8 @@ from harness.sim.costmodel.hardware import Hardware, get_hardware
 from harness.sim.replica import SIMULATED_ENGINES, auto_num_blocks, simulated_engine
 from harness.sim.router import ROUTERS
 from harness.sim.runner import SimRunner
-from strategies import RequestStatus
+from harness.sim.sglang import SimSGLang
+from strategies import RequestStatus, sglang
 from tests.conftest import ROOT, ScriptedRunner, StepCost, assert_same_records, bare_engine, make_specs
 
 LLAMA_7B = Architecture(32, 4096, 11008, 32, 32, 128, 32000, 2)
@@ -219,13 +220,15 @@ def test_profile_then_simulate(tmp_path):
     assert summary["num_finished"] == 8 and summary["cost_model"] == "CalibratedCostModel"
 
 
-@pytest.mark.parametrize("strategy,options", [("static", dict(batch_size=4)), ("dynamic", dict(batch_size=4)),
-                                              ("continuous", dict(max_batch_tokens=24, max_num_seqs=4)),
-                                              ("continuous", dict(max_batch_tokens=20, max_num_seqs=6,
-                                                                  max_prefill_chunk=7))])
+@pytest.mark.parametrize("strategy,options,scheduler", [
+    ("static", dict(batch_size=4), "vllm"), ("dynamic", dict(batch_size=4), "vllm"),
+    ("continuous", dict(max_batch_tokens=24, max_num_seqs=4), "vllm"),
+    ("continuous", dict(max_batch_tokens=20, max_num_seqs=6, max_prefill_chunk=7), "vllm"),
+    ("continuous", dict(max_batch_tokens=24, max_num_seqs=6), "sglang"),
+    ("continuous", dict(max_batch_tokens=24, max_num_seqs=10, max_prefill_chunk=12), "sglang")])
 @pytest.mark.parametrize("replicas,max_concurrency,prefix_caching", [(1, None, False), (3, 5, False), (1, None, True),
                                                                      (1, 5, True), (3, None, True)])
-def test_simulated_engines_make_exactly_the_records_of_the_step_by_step_engine(strategy, options, replicas,
+def test_simulated_engines_make_exactly_the_records_of_the_step_by_step_engine(strategy, options, scheduler, replicas,
                                                                                  max_concurrency, prefix_caching):
     lengths = [(5 + 7 * (i % 4), 3 + 11 * (i % 5)) for i in range(60)]
     specs = make_specs(lengths, arrivals=[0.02 * i for i in range(60)])
@@ -234,7 +237,8 @@ def test_simulated_engines_make_exactly_the_records_of_the_step_by_step_engine(s
     for engine_class in (Engine, simulated_engine):
         # 40 blocks: small enough for continuous to preempt
         engines = [build_replica(strategy, options, lambda a: SimRunner(cost), num_blocks=40, block_size=4,
-                                 max_model_len=2048, engine_class=engine_class, prefix_caching=prefix_caching)
+                                 max_model_len=2048, engine_class=engine_class, prefix_caching=prefix_caching,
+                                 scheduler=scheduler)
                    for _ in range(replicas)]
         calls = Counter()
         for engine in engines:
@@ -244,7 +248,7 @@ def test_simulated_engines_make_exactly_the_records_of_the_step_by_step_engine(s
                max_concurrency=max_concurrency, frontend_latency_s=0.003, frontend_service_s=0.001)
         runs.append(engines)
     assert_same_records(*runs)
-    assert type(runs[1][0]) is SIMULATED_ENGINES[strategy]
+    assert type(runs[1][0]) is (SimSGLang if scheduler == "sglang" else SIMULATED_ENGINES[strategy])
     num_steps = sum(len(e.records.steps) for e in runs[1])
     if strategy == "continuous":
         if replicas == 1:  # spread over replicas, the cache holds out
@@ -256,10 +260,12 @@ def test_simulated_engines_make_exactly_the_records_of_the_step_by_step_engine(s
         assert calls["step"] < num_steps / 2
 
 
-@pytest.mark.parametrize("strategy,options", [("static", dict(batch_size=4)), ("dynamic", dict(batch_size=4)),
-                                              ("continuous", dict(max_batch_tokens=32, max_num_seqs=4))])
+@pytest.mark.parametrize("strategy,options,scheduler", [
+    ("static", dict(batch_size=4), "vllm"), ("dynamic", dict(batch_size=4), "vllm"),
+    ("continuous", dict(max_batch_tokens=32, max_num_seqs=4), "vllm"),
+    ("continuous", dict(max_batch_tokens=32, max_num_seqs=4), "sglang")])
 @pytest.mark.parametrize("prefix_caching", [False, True])
-def test_long_decode_stretches_run_in_bulk_with_the_same_records(strategy, options, prefix_caching):
+def test_long_decode_stretches_run_in_bulk_with_the_same_records(strategy, options, scheduler, prefix_caching):
     # Low load, long outputs, a cache that runs out late: long decode-only stretches, a few cut by the cache.
     lengths = [(3 + 5 * (i % 3), 40 + 30 * (i % 4)) for i in range(30)]
     specs = make_specs(lengths, arrivals=[0.15 * i + 0.05 * (i % 3) for i in range(30)])
@@ -267,13 +273,34 @@ def test_long_decode_stretches_run_in_bulk_with_the_same_records(strategy, optio
     runs, calls = [], Counter()
     for engine_class in (Engine, simulated_engine):
         engine = build_replica(strategy, options, lambda a: SimRunner(cost), num_blocks=60, block_size=4,
-                               max_model_len=2048, engine_class=engine_class, prefix_caching=prefix_caching)
+                               max_model_len=2048, engine_class=engine_class, prefix_caching=prefix_caching,
+                               scheduler=scheduler)
         step = engine.step
         engine.step = lambda arrivals, step=step, name=engine_class.__name__: calls.update([name]) or step(arrivals)
         replay([engine], specs)
         runs.append([engine])
     assert_same_records(*runs)
     assert calls["simulated_engine"] < len(runs[1][0].records.steps) / 3
+
+
+def test_sglang_outputs_beyond_its_estimates_clip_make_the_same_records(monkeypatch):
+    # Outputs of 6,000-9,000 tokens: SGLang's reserve counts at most 4,096 of each decoder's output to come, until
+    # it has fewer left; a cache of 1,500 blocks that the clipped reserve fills until decoders retract.
+    specs = make_specs([(300 + 97 * i, 6000 + 1000 * (i % 4)) for i in range(8)], arrivals=[0, 0, 0, 1, 2, 3, 4, 5])
+    cost = StepCost(0.002, per_token_s=1e-6, per_pair_s=1e-9, step_overhead_s=0.0005)
+
+    def run(engine_class):
+        engine = build_replica("continuous", dict(max_batch_tokens=512, max_num_seqs=8), lambda a: SimRunner(cost),
+                               num_blocks=1500, block_size=16, max_model_len=65536, engine_class=engine_class,
+                               scheduler="sglang")
+        replay([engine], specs)
+        return engine
+
+    reference, simulated = run(Engine), run(simulated_engine)
+    assert_same_records([reference], [simulated])
+    assert sum(r.num_preemptions for r in reference.records.requests) > 0
+    monkeypatch.setattr(sglang, "CLIP_MAX_NEW_TOKENS", 10**9)  # the clip mattered: unclipped, another schedule
+    assert not run(Engine).records.steps.frame().equals(reference.records.steps.frame())
 
 
 def test_options_the_simulated_engine_does_not_cover_run_step_by_step():

@@ -230,3 +230,21 @@ def test_sglang_learns_its_ratio_from_decode_batches_and_retractions():
     assert [r.request_id for r in plan.preempted] == [1, 2]  # fewest outputs first, until 20 x 1 tokens fit
     assert [c.request.request_id for c in plan.chunks] == [0]
     assert strategy.new_token_ratio == pytest.approx((5 + 20) / (100 + 1))
+
+
+def test_sglang_retracts_a_chunked_prompt_holding_the_block_its_last_decoder_needs():
+    """A tiny cache: the one decoder's next token opens a block, and a prompt being chunked holds every free one.
+    Retracting decoders cannot help (there is one); the chunked prompt goes back to the queue instead, newest
+    first, and the decoder runs: the engine never stands still with work to do."""
+    from strategies.sglang import SGLangBatching
+
+    allocator = BlockAllocator(num_blocks=6, block_size=4)
+    strategy = SGLangBatching(allocator, max_batch_tokens=8, max_num_seqs=4)
+    decoder = decoding_request(0, prompt_len=8, num_output=1)  # 8 computed: its 9th token opens a third block
+    chunked = [Request(request_id=i, arrival_s=0.0, token_ids=[1] * 30, num_prompt_tokens=30, max_new_tokens=4,
+                       num_computed_tokens=8) for i in (1, 2)]
+    assert allocator.allocate(decoder, 8) and all(allocator.allocate(r, 8) for r in chunked)
+    assert allocator.num_free_blocks == 0
+    plan = strategy.schedule(deque(), [decoder, *chunked])
+    assert [r.request_id for r in plan.preempted] == [2]  # the newest chunked prompt: two blocks free one
+    assert [(c.request.request_id, c.num_tokens) for c in plan.chunks] == [(0, 1)]

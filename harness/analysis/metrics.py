@@ -62,11 +62,13 @@ def steps_table(records: RunRecords, num_blocks: int) -> pd.DataFrame:
 def inter_token_latencies(runs: list[RunRecords]) -> tuple[np.ndarray, np.ndarray]:
     """Every gap between consecutive tokens of a request, pooled over requests and replicas, as (values, how
     many times each occurs): per token where requests keep their token times, per step where the simulator
-    counted the requests that got a token one step after their previous one."""
+    counted the requests that got a token one step after their previous one, or after the same pause."""
     one_by_one, per_step, counts = [np.array([])], [np.array([])], [np.array([], dtype=np.int64)]
     for records in runs:
         one_by_one += [np.diff(r.token_times_s) for r in records.requests if len(r.token_times_s) > 1]
         one_by_one.append(np.frombuffer(records.other_gaps, dtype=float))
+        per_step.append(np.frombuffer(records.shared_gaps, dtype=float))
+        counts.append(np.frombuffer(records.shared_gap_counts, dtype=np.int64))
         gaps = np.frombuffer(records.gaps_per_step, dtype=np.int64)[1:]  # [steps - 1]: none before step 0
         if gaps.any():
             ends = records.steps.column("start_s") + records.steps.column("duration_s")  # as the clock moved

@@ -64,7 +64,10 @@ class RunRecords:
     requests: list[Request] = field(default_factory=list)
     steps: StepLog = field(default_factory=StepLog)
     # The simulated engine's inter-token gaps: at step i, `gaps_per_step[i]` requests got a token one step after
-    # their previous one (a gap of end[i] - end[i-1]); `other_gaps` are the rest, one value each. Step-by-step
-    # engines and peers keep each request's `token_times_s` instead.
+    # their previous one (a gap of end[i] - end[i-1]); `other_gaps` are the rest, one value each, but for a gap many
+    # requests had at once (the decoders a prefill-only step paused, SGLang's schedule): `shared_gaps`, each
+    # `shared_gap_counts` times. Step-by-step engines and peers keep each request's `token_times_s` instead.
     gaps_per_step: array = field(default_factory=lambda: array("q"))
     other_gaps: array = field(default_factory=lambda: array("d"))
+    shared_gaps: array = field(default_factory=lambda: array("d"))
+    shared_gap_counts: array = field(default_factory=lambda: array("q"))

@@ -1,9 +1,9 @@
 """How fast the simulator runs: `python -m harness.sim.bench [--requests N] [--e2e-requests M]`.
 
-Not a test: it prints simulated requests per second of wall time (the replay alone, each strategy, at low and high
-load, on 1 and 8 replicas: ShareGPT-profile requests, Llama-2-7B on H100s by the roofline, 256 concurrent requests
-a replica), then the wall time of a whole `python -m harness runner=sim ...` run of M requests, workload, tables,
-plots and report included.
+Not a test: it prints simulated requests per second of wall time (the replay alone, each strategy, continuous
+batching as vLLM and as SGLang schedule it, at low and high load, on 1 and 8 replicas: ShareGPT-profile requests,
+Llama-2-7B on H100s by the roofline, 256 concurrent requests a replica), then the wall time of a whole
+`python -m harness runner=sim ...` run of M requests, workload, tables, plots and report included.
 """
 
 import argparse
@@ -24,11 +24,15 @@ from workloads.traces import load_azure
 
 SETUP = ["runner=sim", "runner.hardware=h100", "model=llama-2-7b", "concurrency=256", "progress=false"]
 LOADS = {"low": 5.0, "high": 40.0}  # requests/s a replica: well under, and well over, what one H100 serves
+# What each row runs: a strategy, and for continuous batching the schedule of the engine profile that it runs with.
+SCHEDULES = {"static": ("static", []), "dynamic": ("dynamic", []), "continuous": ("continuous", []),
+             "sglang": ("continuous", ["runner.engine=sglang"])}
 
 
-def replay_rate(strategy: str, rate: float, replicas: int, requests: int) -> tuple[float, int]:
+def replay_rate(schedule: str, rate: float, replicas: int, requests: int) -> tuple[float, int]:
     """Simulated requests per second of wall time, and steps simulated."""
-    overrides = [*SETUP, f"strategy={strategy}", f"workload.num_requests={requests}", f"workload.rate={rate}",
+    strategy, engine = SCHEDULES[schedule]
+    overrides = [*SETUP, f"strategy={strategy}", *engine, f"workload.num_requests={requests}", f"workload.rate={rate}",
                  f"runner.replicas={replicas}", "runner.router=least_outstanding"]
     if strategy == "continuous":
         overrides.append("strategy.max_batch_tokens=2048")
@@ -73,11 +77,11 @@ def main() -> None:
     print(f"simulated requests per second of wall time ({args.requests} ShareGPT-profile requests a replica)")
     print(f"{'strategy':10s} {'load':5s} {'replicas':>8s} {'req/s':>9s} {'steps':>9s}")
     with MachineLoad(run_cores=1) as machine:  # the simulator is one Python thread
-        for strategy in ("static", "dynamic", "continuous"):
+        for schedule in SCHEDULES:
             for load, rate in LOADS.items():
                 for replicas in (1, 8):
-                    speed, steps = replay_rate(strategy, rate * replicas, replicas, args.requests * replicas)
-                    print(f"{strategy:10s} {load:5s} {replicas:8d} {speed:9.0f} {steps:9d}", flush=True)
+                    speed, steps = replay_rate(schedule, rate * replicas, replicas, args.requests * replicas)
+                    print(f"{schedule:10s} {load:5s} {replicas:8d} {speed:9.0f} {steps:9d}", flush=True)
         if args.trace_rows:
             print(f"Azure-format trace of {args.trace_rows} rows loaded in {trace_load(args.trace_rows):.1f} s")
         if args.e2e_requests:

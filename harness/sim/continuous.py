@@ -26,7 +26,7 @@ class SimContinuous(SimEngine):
     @staticmethod
     def covers(strategy: ContinuousBatching) -> bool:
         """vLLM's schedule, decodes first, and every decoder fits the token budget: otherwise which decoders run is
-        decided request by request, as the step-by-step engine does (SGLang's schedule among them)."""
+        decided request by request, as the step-by-step engine does. (SGLang's schedule has its own, `SimSGLang`.)"""
         return (type(strategy) is ContinuousBatching and strategy.order == "decode_first"
                 and strategy.max_num_seqs <= strategy.max_batch_tokens)
 

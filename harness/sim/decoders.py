@@ -4,7 +4,8 @@ A member that joined at step `s0` with `c0` computed tokens has `base + s` compu
 (`base = c0 - s0`), without being touched in between. So a step over the set reads `sum(base) + n (s + 1)`
 cached keys, its longest row has `max(base) + s + 1`, a member needs a new cache block at step `s` when
 `(base + s) % block_size == 0` (one group per residue), and it finishes after step
-`max_new_tokens + prompt - 2 - base`. Joining and leaving are O(1) (O(log n) for the longest row).
+`max_new_tokens + prompt - 2 - base` (`last`; its output still to come when step `s` starts is `last + 1 - s`).
+Joining and leaving are O(1) (O(log n) for the longest row).
 """
 
 import heapq
@@ -18,6 +19,7 @@ class DecodeSet:
         self.block_size = block_size
         self.base: dict[int, int] = {}  # request_id → computed tokens at step 0, were it a member all along
         self.sum_base = 0
+        self.sum_last = 0  # of the members' last steps
         # request_id → request, by the residue of -base: the members that need a block at steps s ≡ residue.
         self._by_phase: list[dict[int, Request]] = [{} for _ in range(block_size)]
         self._finishing: dict[int, dict[int, Request]] = defaultdict(dict)  # step → members done after it
@@ -38,6 +40,7 @@ class DecodeSet:
         self.sum_base += base
         self._by_phase[-base % self.block_size][rid] = request
         last = self._last_step(request, base)
+        self.sum_last += last
         if last not in self._finishing:
             heapq.heappush(self._finish_steps, last)
         self._finishing[last][rid] = request
@@ -50,6 +53,7 @@ class DecodeSet:
         self.sum_base -= base
         del self._by_phase[-base % self.block_size][rid]
         last = self._last_step(request, base)
+        self.sum_last -= last
         del self._finishing[last][rid]
         if not self._finishing[last]:
             del self._finishing[last]
@@ -73,6 +77,7 @@ class DecodeSet:
         done = self._finishing.pop(step, None)
         if not done:
             return []
+        self.sum_last -= step * len(done)
         for rid in done:
             base = self.base.pop(rid)
             self.sum_base -= base

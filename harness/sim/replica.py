@@ -14,8 +14,10 @@ from harness.sim.costmodel import RooflineCostModel, build_cost_model
 from harness.sim.padded import SimDynamic, SimStatic
 from harness.sim.router import make_router
 from harness.sim.runner import SimRunner
+from harness.sim.sglang import SimSGLang
 from strategies import Strategy
 from strategies.continuous import ContinuousBatching
+from strategies.sglang import SGLangBatching
 
 SIMULATED_ENGINES = {"static": SimStatic, "dynamic": SimDynamic, "continuous": SimContinuous}
 
@@ -25,7 +27,9 @@ def simulated_engine(strategy: Strategy, runner: SimRunner, allocator: BlockAllo
     """The strategy's simulated engine, or the step-by-step one where that does not cover the strategy's options
     or the workload shares prompt prefixes through a prefix cache (`shared_prefixes`: some request has pieces)."""
     engine_class = SIMULATED_ENGINES[strategy.name]
-    if isinstance(strategy, ContinuousBatching) and not SimContinuous.covers(strategy):
+    if isinstance(strategy, SGLangBatching):
+        engine_class = SimSGLang
+    elif isinstance(strategy, ContinuousBatching) and not SimContinuous.covers(strategy):
         engine_class = Engine
     if shared_prefixes and allocator.prefix is not None:
         engine_class = Engine
