@@ -59,7 +59,10 @@ class StepCost:
         self.step_overhead_s = step_overhead_s
 
     def predict(self, shape) -> float:
-        return self.fixed_s + self.per_token_s * shape.num_tokens + self.per_pair_s * shape.attention_pairs
+        # Decode pairs cost a little more than prefill ones (MLA's absorbed attention): a shape that miscounts them
+        # is timed wrong too.
+        return (self.fixed_s + self.per_token_s * shape.num_tokens + self.per_pair_s * shape.attention_pairs
+                + self.per_pair_s * shape.decode_pairs / 8)
 
     def predict_many(self, shape):
         return self.predict(shape)  # plain arithmetic: elementwise on a shape of arrays

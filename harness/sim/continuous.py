@@ -106,6 +106,7 @@ class SimContinuous(SimEngine):
             pairs += num_new * (start + num_new)
             num_prefill += num_new
             num_sampled += start + num_new == request.num_tokens
+            decode_pairs += start + num_new if num_new == 1 else 0  # a one-token row, as `step_shape` counts it
         rows = num_decode + len(chunks)
         shape = StepShape(False, num_decode + num_prefill, rows, pairs, keys, num_sampled, decode_pairs)
         end_s = self._record(step, shape, num_prefill=num_prefill, num_decode=num_decode, row_width=0,
