@@ -96,19 +96,11 @@ class SimContinuous(SimEngine):
             self.waiting.appendleft(victim)
 
         num_decode = len(self.decoders)  # those a prefill preempted are gone
-        keys = decode_pairs = self.decoders.keys_read(step)
-        pairs, num_prefill, num_sampled = keys, 0, num_decode
-        for request, start, num_new in chunks:
-            self._name(request, start + num_new)
-            if request.first_scheduled_s is None:
-                request.first_scheduled_s = self.clock
-            keys += start + num_new
-            pairs += num_new * (start + num_new)
-            num_prefill += num_new
-            num_sampled += start + num_new == request.num_tokens
-            decode_pairs += start + num_new if num_new == 1 else 0  # a one-token row, as `step_shape` counts it
+        decode_keys = self.decoders.keys_read(step)
+        num_prefill, keys, pairs, num_sampled, decode_pairs = self._start_chunks(chunks)
         rows = num_decode + len(chunks)
-        shape = StepShape(False, num_decode + num_prefill, rows, pairs, keys, num_sampled, decode_pairs)
+        shape = StepShape(False, num_decode + num_prefill, rows, pairs + decode_keys, keys + decode_keys,
+                          num_sampled + num_decode, decode_pairs + decode_keys)
         end_s = self._record(step, shape, num_prefill=num_prefill, num_decode=num_decode, row_width=0,
                              num_preempted=len(preempted), num_seqs=rows, num_lookup=num_lookup, num_cached=num_cached)
 
@@ -116,18 +108,7 @@ class SimContinuous(SimEngine):
         for request in self.decoders.finishing(step):
             self._release(request)
             self._finish(request, end_s)
-        for request, start, num_new in chunks:
-            request.num_computed_tokens = start + num_new
-            if start + num_new == request.num_tokens:
-                self._sampled(request, end_s)
-                if request.num_output_tokens == request.max_new_tokens:
-                    del self.prefilling[request.request_id]
-                    self._release(request)
-                    self._finish(request, end_s)
-                    continue
-            if request.num_computed_tokens + 1 == request.num_tokens >= request.num_prompt_tokens + 1:
-                del self.prefilling[request.request_id]
-                self._join_decoders(request, step + 1)
+        self._apply_chunks(chunks, self.prefilling, end_s, lambda request: self._join_decoders(request, step + 1))
         self._decode_stretch(arrivals)
 
     def _decode_stretch(self, arrivals: Arrivals | None) -> bool:

@@ -7,6 +7,8 @@ records of the step-by-step `Engine` running that strategy (the differential tes
 engine is the reference, this one the fast path.
 """
 
+from collections.abc import Callable
+
 import numpy as np
 
 from harness.core.engine import Engine
@@ -136,6 +138,39 @@ class SimEngine(Engine):
         del self._admitted_as[request.request_id]
         self._last_token_s.pop(request.request_id, None)
         self._done(request, end_s)
+
+    def _start_chunks(self, chunks: list[tuple[Request, int, int]]) -> tuple[int, int, int, int, int]:
+        """Prefill chunks (request, first token, tokens) about to run: their prompt blocks named, first scheduling
+        stamped. Returns their tokens, keys read, query-key pairs, sampled tokens and decode pairs (a one-token row,
+        as `step_shape` counts it)."""
+        tokens = keys = pairs = num_sampled = decode_pairs = 0
+        for request, start, num_new in chunks:
+            self._name(request, start + num_new)
+            if request.first_scheduled_s is None:
+                request.first_scheduled_s = self.clock
+            tokens += num_new
+            keys += start + num_new
+            pairs += num_new * (start + num_new)
+            num_sampled += start + num_new == request.num_tokens
+            decode_pairs += start + num_new if num_new == 1 else 0
+        return tokens, keys, pairs, num_sampled, decode_pairs
+
+    def _apply_chunks(self, chunks: list[tuple[Request, int, int]], prefilling: dict[int, Request], end_s: float,
+                      join: Callable[[Request], None]) -> None:
+        """The chunks' step ended at `end_s`: each request's tokens computed, a token sampled where a chunk reached
+        its last, and a request done prefilling leaves `prefilling` to finish or `join` the decoders."""
+        for request, start, num_new in chunks:
+            request.num_computed_tokens = start + num_new
+            if start + num_new == request.num_tokens:
+                self._sampled(request, end_s)
+                if request.num_output_tokens == request.max_new_tokens:
+                    del prefilling[request.request_id]
+                    self._release(request)
+                    self._finish(request, end_s)
+                    continue
+            if request.num_computed_tokens + 1 == request.num_tokens >= request.num_prompt_tokens + 1:
+                del prefilling[request.request_id]
+                join(request)
 
     def _record(self, step: int, shape: StepShape, *, num_prefill: int, num_decode: int, row_width: int,
                 num_preempted: int = 0, num_seqs: int, num_lookup: int = 0, num_cached: int = 0) -> float:

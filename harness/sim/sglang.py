@@ -102,33 +102,13 @@ class SimSGLang(SimEngine):
         return chunks, num_lookup, num_cached
 
     def _run_prefill(self, step: int, chunks: list[tuple[Request, int, int]], num_lookup: int, num_cached: int):
-        keys = pairs = num_prefill = num_sampled = decode_pairs = 0
-        for request, start, num_new in chunks:
-            self._name(request, start + num_new)
-            if request.first_scheduled_s is None:
-                request.first_scheduled_s = self.clock
-            keys += start + num_new
-            pairs += num_new * (start + num_new)
-            num_prefill += num_new
-            num_sampled += start + num_new == request.num_tokens
-            decode_pairs += start + num_new if num_new == 1 else 0  # a one-token row, as `step_shape` counts it
+        num_prefill, keys, pairs, num_sampled, decode_pairs = self._start_chunks(chunks)
         shape = StepShape(False, num_prefill, len(chunks), pairs, keys, num_sampled, decode_pairs)
         end_s = self._record(step, shape, num_prefill=num_prefill, num_decode=0, row_width=0, num_seqs=len(chunks),
                              num_lookup=num_lookup, num_cached=num_cached)
         self.records.gaps_per_step.append(0)
         self._paused = True
-        for request, start, num_new in chunks:
-            request.num_computed_tokens = start + num_new
-            if start + num_new == request.num_tokens:
-                self._sampled(request, end_s)
-                if request.num_output_tokens == request.max_new_tokens:
-                    del self.prefilling[request.request_id]
-                    self._release(request)
-                    self._finish(request, end_s)
-                    continue
-            if request.num_computed_tokens + 1 == request.num_tokens >= request.num_prompt_tokens + 1:
-                del self.prefilling[request.request_id]
-                self._join(request, end_s)
+        self._apply_chunks(chunks, self.prefilling, end_s, lambda request: self._join(request, end_s))
 
     def _run_decode(self, step: int) -> None:
         """`SGLangBatching._decode_batch`: every decoder's next token, after retracting some if their new blocks
