@@ -27,6 +27,8 @@ KERNEL_BACKENDS = ("auto", "triton", "torch")  # kernels.BACKENDS; a test holds 
 ROUTER_NAMES = ("round_robin", "least_outstanding", "prefix_aware")  # harness.sim.router.ROUTERS; likewise
 ENDPOINTS = ("completions", "chat")  # the OpenAI APIs a client calls: /v1/completions, /v1/chat/completions
 Fraction = Annotated[Number, Field(gt=0, le=1)]
+# `kv_cache.memory_fraction=auto` on a GPU but for SGLang's profile: vLLM's --gpu-memory-utilization default.
+DEFAULT_MEMORY_FRACTION = 0.9
 # The engine's caps (max_num_seqs, max_batch_tokens) for `auto` on a CPU: they suit the tiny model; a GPU gets vLLM's.
 CPU_ENGINE_CAPS = (16, 512)
 VALUE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--cfg", "-c", "--package",
@@ -256,7 +258,7 @@ ModelConfig = Annotated[BuiltModel | DescribedModel | HubModel, Field(discrimina
 class KVCacheConfig(Strict):
     block_size: Count  # the model's context bounds it (checked in `validate`)
     num_blocks: Literal["auto"] | Count = "auto"
-    memory_fraction: Fraction = 0.9
+    memory_fraction: Literal["auto"] | Fraction = "auto"  # auto: the engine's default (vLLM's 0.9)
     prefix_caching: bool = True  # reuse cached prompt prefixes, as vLLM's V1 engine does by default
     dtype: Literal[KV_DTYPES] = "auto"  # the cache's format; auto: the compute dtype (runner=sim takes fp8)
 

@@ -5,7 +5,7 @@ device (KV blocks, engine caps), and a replica with the strategy's options. The 
 import logging
 
 from harness.architecture import Architecture
-from harness.config import CPU_ENGINE_CAPS, ConfigError, RunConfig
+from harness.config import CPU_ENGINE_CAPS, DEFAULT_MEMORY_FRACTION, ConfigError, RunConfig
 from harness.core.engine import Engine
 from harness.core.replica import build_replica
 from workloads import build_workload
@@ -33,7 +33,8 @@ def device_num_blocks(cfg: RunConfig, model, device, dtype) -> int:
 
     free, _ = torch.cuda.mem_get_info(device)
     arch = Architecture.from_config(model.config, dtype.itemsize)
-    return int(free * cfg.kv_cache.memory_fraction // (cfg.kv_cache.block_size * arch.kv_bytes_per_token))
+    share = DEFAULT_MEMORY_FRACTION if cfg.kv_cache.memory_fraction == "auto" else cfg.kv_cache.memory_fraction
+    return int(free * share // (cfg.kv_cache.block_size * arch.kv_bytes_per_token))
 
 
 def device_caps(device) -> tuple[tuple[int, int], str]:

@@ -190,8 +190,9 @@ GPUSTACK = ROOT / "tests" / "fixtures" / "published" / "gpustack"
 
 def test_a_v1_engine_takes_a_preempted_prompt_back_from_its_prefix_cache(tmp_path):
     """vLLM's V1 engine and SGLang keep computed prompt blocks cached. Qwen3-32B on one H100 holds one 32,000-token
-    prompt at a time: the next one's first chunk enters beside the decoding one and is preempted when that one needs
-    the blocks, then takes its cached chunk back on its next try; without the cache it computes it anew each time."""
+    prompt at a time: the next one's first chunk enters the ~4,000 tokens beside the decoding one and is preempted
+    when that one needs the blocks, then takes its cached chunk back on its next try; without the cache it computes
+    it anew each time."""
     from harness.sim.calibrate import default_params, simulate
     from harness.sim.measured import load_measured
 
@@ -202,8 +203,8 @@ def test_a_v1_engine_takes_a_preempted_prompt_back_from_its_prefix_cache(tmp_pat
     work = sum(r.prompt_len + r.max_new_tokens for r in cached.requests)
     with_cache, without = (simulate(run, default_params(run)) for run in (cached, uncached))
     assert with_cache["num_preemptions"] > 0 and with_cache["prefix_cache_hit_tokens"] > 0
-    assert with_cache["num_computed_tokens"] < 1.001 * work < without["num_computed_tokens"] / 3
-    assert without["tpot_s_p50"] > 5 * with_cache["tpot_s_p50"]  # the lone decode shares each step with a chunk
+    assert without["num_preemptions"] > 0 and without["prefix_cache_hit_tokens"] == 0
+    assert with_cache["num_computed_tokens"] < 1.001 * work < 1.02 * work < without["num_computed_tokens"]
 
 
 def test_a_hosts_own_decode_bandwidth_gives_the_inter_token_latencies_its_runs_published(tmp_path):
@@ -234,24 +235,27 @@ def test_a_hosts_own_decode_bandwidth_gives_the_inter_token_latencies_its_runs_p
 def test_every_published_vllm_v1_run_had_a_cache_that_holds_one_request_of_its_whole_context():
     """vLLM's V1 engine refuses to start unless its KV cache holds one request of the model's whole context
     (`max_model_len`, the config's unless the server was given one): every published run of it started, so the cache
-    the simulator gives it must hold that much. A bound from below on the memory model (the memory CUDA reports,
-    the weights, what the engine keeps back): Qwen3-32B on one 80 GB GPU at 0.9 needs 10.0 GiB for its 40,960
-    tokens and the model leaves it 10.3 GiB; what vLLM 0.11 kept back beside the weights was at most the difference."""
+    the simulator gives it must hold that much. A bound from below on the memory model (the memory CUDA reports, the
+    weights, the profile run's peak it holds back); the Qwen3-32B runs on one 80 GB GPU sit closest to it, with the
+    32,768 tokens their lab served them at (their fixtures say why: the model's own 40,960 no longer fits)."""
     from harness.sim.calibrate import run_architecture
     from harness.sim.measured import load_measured
 
     runs = [run for run in map(load_measured, PUBLISHED) if fixture_engine(run.setup) == "vllm-v1"
             and get_hardware(run.hardware).kind == "gpu"]
     assert len(runs) >= 30
-    tightest = 1e9
+    room = {}
     for run in runs:
-        costs = RooflineCostModel(run_architecture(run), get_hardware(run.hardware), get_engine("vllm-v1"),
+        hardware = get_hardware(run.hardware)
+        costs = RooflineCostModel(run_architecture(run), hardware, get_engine("vllm-v1"),
                                   tensor_parallel=run.tensor_parallel, expert_parallel=run.expert_parallel)
         context = run.setup.get("max_model_len") or described_model(run.model)["max_position_embeddings"]
-        held = 16 * costs.num_kv_blocks(16, run.memory_fraction)
-        assert held >= context, run.name
-        tightest = min(tightest, held / context)
-    assert tightest < 1.05  # the 32B runs on one GPU: 1 GB less and vLLM would not have started
+        seqs, tokens = hardware.serving_defaults
+        caps = (run.max_num_seqs or seqs, run.max_num_batched_tokens or tokens)
+        room[run.name] = 16 * costs.num_kv_blocks(16, run.memory_fraction, caps) / context
+        assert room[run.name] >= 1, run.name
+    tightest = sorted(room, key=room.get)[:6]
+    assert all("qwen3-32b" in name for name in tightest) and room[tightest[-1]] < 1.25
 
 
 def test_the_sglang_profile_schedules_as_sglang_does(tmp_path):

@@ -18,6 +18,8 @@ from harness.run_parts import CPU_NUM_BLOCKS
 from harness.sim.costmodel import CalibratedCostModel, RooflineCostModel, StepShape
 from harness.sim.costmodel.calibrated import GridInterpolator
 from harness.sim.costmodel.hardware import Hardware, get_hardware
+from harness.sim.costmodel.startup_memory import profile_run_bytes
+from harness.sim.engine_profile import get_engine
 from harness.sim.replica import SIMULATED_ENGINES, auto_num_blocks, simulated_engine
 from harness.sim.router import ROUTERS
 from harness.sim.runner import SimRunner
@@ -157,8 +159,12 @@ def test_a_roofline_simulation_of_llama_2_7b_on_an_h100(tmp_path):
     summary = run_job(sim_config("model=llama-2-7b", "runner.hardware=h100", "workload.num_requests=40",
                                  "workload.rate=8", "concurrency=64"), tmp_path)
     assert summary["num_finished"] == 40 and summary["cost_model"] == "RooflineCostModel"
-    costs = RooflineCostModel(LLAMA_7B, get_hardware("h100"), bare_engine())
-    assert summary["num_blocks"] == costs.num_kv_blocks(16, 0.9)
+    h100 = get_hardware("h100")
+    costs = RooflineCostModel(LLAMA_7B, h100, get_engine("vllm-v1"))  # the default profile sizes the cache as vLLM
+    assert summary["num_blocks"] == costs.num_kv_blocks(16, None, h100.serving_defaults)
+    held = profile_run_bytes(LLAMA_7B, 8192, 1024)  # its profile run at an H100's caps: 8,192 tokens, 1,024 rows
+    assert summary["num_blocks"] == (0.9 * h100.memory_bytes - held - LLAMA_7B.weight_bytes) // (
+        16 * LLAMA_7B.kv_bytes_per_token) < RooflineCostModel(LLAMA_7B, h100, bare_engine()).num_kv_blocks(16, 0.9)
     assert 0.005 < summary["tpot_s_p50"] < 0.05  # a 7B model decodes in milliseconds per token on an H100
     assert (tmp_path / "plots" / "steps.png").exists()
 
@@ -315,10 +321,11 @@ def test_options_the_simulated_engine_does_not_cover_run_step_by_step():
 def test_a_cpu_gets_the_real_cpu_runs_cache_whatever_its_name():
     cpu = Hardware("my laptop", 1e12, 50e9, 16e9, kind="cpu")
     arch = Architecture(4, 256, 688, 8, 2, 32, 8192, 4)
-    assert auto_num_blocks(RooflineCostModel(arch, cpu, bare_engine()), 16, 0.9) == CPU_NUM_BLOCKS
+    cfg = sim_config()
+    assert auto_num_blocks(RooflineCostModel(arch, cpu, bare_engine()), cfg, (256, 2048)) == CPU_NUM_BLOCKS
     gpu = Hardware("cpu-named accelerator", 1e15, 3e12, 80e9)
     engine = bare_engine()
-    assert auto_num_blocks(RooflineCostModel(arch, gpu, engine), 16, 0.9) == RooflineCostModel(
+    assert auto_num_blocks(RooflineCostModel(arch, gpu, engine), cfg, (256, 2048)) == RooflineCostModel(
         arch, gpu, engine).num_kv_blocks(16, 0.9)
 
 

@@ -79,11 +79,12 @@ def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
         # No more blocks than all the requests together could hold (and one for each sequence the engine may run,
         # which it asks for): the same simulation, without a table of millions of free blocks (a CPU's memory, a
         # tiny model) built for every trial.
-        num_blocks=min(costs.num_kv_blocks(BLOCK_SIZE, run.memory_fraction),
+        num_blocks=min(costs.num_kv_blocks(BLOCK_SIZE, run.memory_fraction,
+                                           (options["max_num_seqs"], options["max_batch_tokens"])),
                        max(options["max_num_seqs"], sum(-(-(spec.prompt_len + spec.max_new_tokens) // BLOCK_SIZE)
                                                         for spec in run.requests))),
         block_size=BLOCK_SIZE,
-        max_model_len=config["max_position_embeddings"],
+        max_model_len=run.setup.get("max_model_len") or config["max_position_embeddings"],
         engine_class=simulated_engine,
         prefix_caching=run.prefix_caching,
         scheduler=profile.scheduler,

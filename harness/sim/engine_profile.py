@@ -46,6 +46,7 @@ class EngineSpec(Strict):
     moe_efficiency: Share = 1.0
     moe_tokens_half: Annotated[float, Field(ge=0)] = 0.0
     expert_overhead_s: Annotated[float, Field(ge=0, le=1e-3)] = 0.0
+    cache_sizing: Literal["share", "vllm", "sglang"] = "share"
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,11 @@ class EngineProfile:
     # GPU time each expert a step touches costs a mixture's layer whatever its tokens (the grouped GEMM's per-expert
     # tiles, its routing and permutation kernels): at a decode batch of a few tokens, most of a MoE layer's time.
     expert_overhead_s: float = 0.0
+    # How it sizes its KV cache from `kv_cache.memory_fraction` of the GPU (`costmodel.startup_memory`): `vllm`
+    # holds back its profile run's peak as well as the weights (default share 0.9, --gpu-memory-utilization);
+    # `sglang`'s share is the weights' and the cache's alone (--mem-fraction-static, by default SGLang's own from the
+    # GPU's memory); `share`: the weights and the cache fill the share, nothing else counted.
+    cache_sizing: str = "share"
 
     def moe_share(self, tokens_per_expert):
         """The share of the dense compute efficiency an expert GEMM of this many tokens reaches (arrays too)."""

@@ -61,7 +61,8 @@ class MeasuredRun:
     tensor_parallel: int = 1
     max_num_seqs: int | None = None  # None: the hardware's vLLM defaults
     max_num_batched_tokens: int | None = None
-    memory_fraction: float = 0.9  # --gpu-memory-utilization
+    # --gpu-memory-utilization (vLLM) or --mem-fraction-static (SGLang); None: the engine's default
+    memory_fraction: float | None = None
     served_over_http: bool = True  # vllm bench serve (a front end in the way) or the offline LLM class
     setup: dict = field(default_factory=dict)
     # Requests whose TTFT the benchmark recorded as 0 and averaged in (see `_zero_ttft_requests`).
@@ -146,11 +147,18 @@ def load_measured(path: str | Path, seed: int = 0) -> MeasuredRun:
         tensor_parallel=int(setup.get("tensor_parallel", 1)),
         max_num_seqs=setup.get("max_num_seqs"),
         max_num_batched_tokens=setup.get("max_num_batched_tokens"),
-        memory_fraction=float(setup.get("gpu_memory_utilization", 0.9)),
+        memory_fraction=memory_share(setup),
         served_over_http=bool(setup.get("served_over_http", True)),
         setup=setup,
         zero_ttft_requests=_zero_ttft_requests(data, setup, output_lens, path),
     )
+
+
+def memory_share(setup: dict, configured="auto") -> float | None:
+    """The share of each GPU's memory the run's engine was given for weights and cache (`setup`'s
+    gpu_memory_utilization or mem_fraction_static, else `configured`); None: its engine's default."""
+    share = setup.get("gpu_memory_utilization", setup.get("mem_fraction_static", configured))
+    return None if share == "auto" else float(share)
 
 
 def check_setup(setup: dict, path: Path) -> None:
@@ -392,6 +400,6 @@ def load_run_folder(path: Path, setup: dict) -> MeasuredRun:
         max_concurrency=int(concurrency) if concurrency else None, metrics=metrics,
         tensor_parallel=int(setup.get("tensor_parallel", config.runner.get("tensor_parallel", 1))),
         max_num_seqs=setup.get("max_num_seqs"), max_num_batched_tokens=setup.get("max_num_batched_tokens"),
-        memory_fraction=float(setup.get("gpu_memory_utilization", config.kv_cache.memory_fraction)),
+        memory_fraction=memory_share(setup, config.kv_cache.memory_fraction),
         served_over_http=runner in ("openai", "sim"),
         setup=setup)

@@ -50,15 +50,15 @@ def simulated_replicas(cfg: RunConfig):
     tokenizer = load_tokenizer(cfg.model)
     workload = load_workload(cfg, config["vocab_size"], tokenizer, config["max_position_embeddings"],
                              with_ids=False)  # a simulation needs lengths only
-    if cfg.kv_cache.num_blocks != "auto":
-        blocks = cfg.kv_cache.num_blocks
-    else:
-        blocks = auto_num_blocks(costs, cfg.kv_cache.block_size, cfg.kv_cache.memory_fraction)
     hardware = getattr(costs, "hardware", None)
     if hardware is not None and hardware.kind == "gpu":
         caps = hardware.serving_defaults, f"vLLM's on {hardware.name}"
     else:
         caps = CPU_ENGINE_CAPS, "the CPU defaults"
+    if cfg.kv_cache.num_blocks != "auto":
+        blocks = cfg.kv_cache.num_blocks
+    else:
+        blocks = auto_num_blocks(costs, cfg, caps[0])
     engine_class = partial(simulated_engine, shared_prefixes=any(s.prefix_pieces for s in workload.requests))
     scheduler = costs.engine.scheduler if isinstance(costs, RooflineCostModel) else "vllm"  # a profile's, if any
     replicas = [configured_replica(cfg, lambda allocator: SimRunner(costs), blocks, config["max_position_embeddings"],
@@ -67,13 +67,19 @@ def simulated_replicas(cfg: RunConfig):
     return replicas, route, workload, "cpu", dtype
 
 
-def auto_num_blocks(costs, block_size: int, memory_fraction: float) -> int:
-    """`kv_cache.num_blocks=auto` in a simulation: what the accelerator's memory holds beside the weights; for a
+def auto_num_blocks(costs, cfg: RunConfig, auto_caps: tuple[int, int]) -> int:
+    """`kv_cache.num_blocks=auto` in a simulation: what the accelerator's memory holds beside the weights, as the
+    engine profile sizes its cache for the caps the strategy runs with (`auto_caps` where it says `auto`); for a
     CPU (calibrated here, or the roofline of this CPU), the real CPU runner's fixed cache, so both compare."""
     hardware = getattr(costs, "hardware", None)
     if hardware is None or hardware.kind == "cpu":
         return CPU_NUM_BLOCKS
+    strategy, (auto_seqs, auto_tokens) = cfg.strategy, auto_caps
+    num_seqs = getattr(strategy, "max_num_seqs", getattr(strategy, "batch_size", "auto"))
+    num_tokens = getattr(strategy, "max_batch_tokens", "auto")
+    caps = (auto_seqs if num_seqs == "auto" else num_seqs, auto_tokens if num_tokens == "auto" else num_tokens)
+    share = None if cfg.kv_cache.memory_fraction == "auto" else cfg.kv_cache.memory_fraction
     try:
-        return costs.num_kv_blocks(block_size, memory_fraction)
+        return costs.num_kv_blocks(cfg.kv_cache.block_size, share, caps)
     except ValueError as e:
         raise ConfigError(str(e)) from None

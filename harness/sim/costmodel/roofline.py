@@ -34,6 +34,7 @@ import numpy as np
 from harness.architecture import Architecture
 from harness.sim.costmodel.hardware import Hardware, widened_gemm_share
 from harness.sim.costmodel.shape import StepShape
+from harness.sim.costmodel.startup_memory import default_memory_fraction, profile_run_bytes
 from harness.sim.engine_profile import EngineProfile
 
 # A ring all-reduce over NVLink: a fixed cost per ring step (a hand-off to the next GPU and its wait), and the
@@ -173,16 +174,28 @@ class RooflineCostModel:
         attention = np.maximum(self.attention_flops(shape) / (self.hardware.peak_flops * compute), kv_per_gpu / memory)
         return seconds + attention + self.allreduce_s(shape)
 
-    def num_kv_blocks(self, block_size: int, memory_fraction: float) -> int:
-        """Blocks that fit in each GPU's memory beside its share of the weights (the cache split as `kv_shards`)."""
+    def num_kv_blocks(self, block_size: int, memory_fraction: float | None,
+                      caps: tuple[int, int] | None = None) -> int:
+        """Blocks that fit in each GPU's memory beside its share of the weights (the cache split as `kv_shards`), as
+        the engine sizes its cache (`EngineProfile.cache_sizing`): `memory_fraction` of the GPU (None: the engine's
+        default), less, for vLLM, what its profile run at `caps` (max_num_seqs, max_batch_tokens) held."""
         a, n = self.arch, self.tensor_parallel
-        usable = self.hardware.memory_bytes * memory_fraction
+        if memory_fraction is None:
+            memory_fraction = default_memory_fraction(self.engine.cache_sizing, self.hardware.memory_bytes, n)
+        held = 0.0
+        if self.engine.cache_sizing == "vllm" and caps:
+            num_seqs, num_tokens = caps
+            held = profile_run_bytes(a, num_tokens, num_seqs, n, self.expert_parallel)
+        usable = self.hardware.memory_bytes * memory_fraction - held
         if n * usable <= a.weight_bytes:
             gpus = f"{n} x {self.hardware.name}" if n > 1 else self.hardware.name
             needed = next((k for k in (2, 4, 8, 16) if k > n and not a.num_heads % k
                            and k * usable > a.weight_bytes * 1.1), None)
             hint = f"; runner.tensor_parallel={needed} would hold them" if needed else ""
+            because_held = n * (usable + held) > a.weight_bytes  # they would fit but for the start-up's peak
             raise ValueError(f"the model's weights ({a.weight_bytes / 1e9:.1f} GB) do not fit in "
-                             f"{memory_fraction:.0%} of {gpus}'s {self.hardware.memory_bytes / 1e9:.0f} GB{hint}")
+                             f"{memory_fraction:.0%} of {gpus}'s {self.hardware.memory_bytes / 1e9:.0f} GB"
+                             f"{f' less the {held / 1e9:.1f} GB the engine holds at start-up' if because_held else ''}"
+                             f"{hint}")
         # Each token's cache is held by N / shards GPUs (a latent cache by all N).
         return int((n * usable - a.weight_bytes) // (block_size * a.kv_bytes_per_token * (n // a.kv_shards(n))))
