@@ -98,6 +98,12 @@ class MeasuredRun:
         return float(gbps) * 1e9 if gbps is not None else None
 
     @property
+    def host_compute_share(self) -> float:
+        """The share of the engine profile's compute its host reached, where a run of that host shows it
+        (`setup.host_compute_share`, with `setup.host_compute_from` saying which); 1: the profile's."""
+        return float(self.setup.get("host_compute_share", 1.0))
+
+    @property
     def prefix_caching(self) -> bool:
         """Whether the engine kept computed prompt blocks cached (`setup.prefix_caching`; else its default: on in
         vLLM's V1 engine and SGLang, off in vLLM 0.5). With it, a request preempted for want of blocks finds its
@@ -171,6 +177,11 @@ def check_setup(setup: dict, path: Path) -> None:
                                       and bandwidth > 0 and setup.get("host_bandwidth_from")):
         raise MeasuredRunError(f"measured run {str(path)!r}: setup.host_bandwidth_gbps must be a positive number of "
                                "GB/s, with setup.host_bandwidth_from saying which measurement shows it")
+    share = setup.get("host_compute_share")
+    if share is not None and not (isinstance(share, int | float) and not isinstance(share, bool) and 0 < share <= 1
+                                  and setup.get("host_compute_from")):
+        raise MeasuredRunError(f"measured run {str(path)!r}: setup.host_compute_share must be a number in (0, 1], "
+                               "with setup.host_compute_from saying which measurement shows it")
 
 
 def _zero_ttft_requests(data: dict, setup: dict, output_lens: list[int], path: Path) -> frozenset[int]:
