@@ -82,7 +82,8 @@ def test_a_simulated_burst_peaks_where_gpustacks_published_runs_did(monkeypatch)
 
 def test_a_simulation_sizes_the_cache_as_its_engine_profile_does():
     """`kv_cache.memory_fraction=auto` takes the engine's default share (vLLM's 0.9 less its profile run, SGLang's
-    own); a share given is the engine's flag's (--gpu-memory-utilization, --mem-fraction-static)."""
+    own); a share given is the engine's flag's (--gpu-memory-utilization, --mem-fraction-static). Every strategy
+    gets the same cache, whatever its own caps: the profile run is the engine's at its default caps."""
     def blocks(*overrides: str) -> int:
         cfg = validate(compose_config(["runner=sim", "runner.hardware=h100", "model=qwen3-32b",
                                        "workload.num_requests=4", *overrides]))
@@ -92,4 +93,5 @@ def test_a_simulation_sizes_the_cache_as_its_engine_profile_does():
     vllm, sglang = blocks(), blocks("runner.engine=sglang")
     assert sglang < 0.65 * vllm
     assert blocks("runner.engine=sglang", "kv_cache.memory_fraction=0.9") > vllm  # nothing held back beside it
-    assert blocks("strategy.max_batch_tokens=2048", "strategy.max_num_seqs=256") > vllm  # a smaller profile run
+    assert blocks("strategy.max_batch_tokens=2048", "strategy.max_num_seqs=256") == vllm
+    assert blocks("strategy=static", "strategy.batch_size=32") == vllm

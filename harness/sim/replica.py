@@ -67,19 +67,17 @@ def simulated_replicas(cfg: RunConfig):
     return replicas, route, workload, "cpu", dtype
 
 
-def auto_num_blocks(costs, cfg: RunConfig, auto_caps: tuple[int, int]) -> int:
+def auto_num_blocks(costs, cfg: RunConfig, engine_caps: tuple[int, int]) -> int:
     """`kv_cache.num_blocks=auto` in a simulation: what the accelerator's memory holds beside the weights, as the
-    engine profile sizes its cache for the caps the strategy runs with (`auto_caps` where it says `auto`); for a
-    CPU (calibrated here, or the roofline of this CPU), the real CPU runner's fixed cache, so both compare."""
+    engine profile sizes its cache, vLLM's start-up profile run taken at the engine's default caps `engine_caps`
+    whatever the strategy's own, so that every strategy of a sweep gets the same cache (DESIGN: a fair
+    comparison); for a CPU (calibrated here, or the roofline of this CPU), the real CPU runner's fixed cache, so
+    both compare."""
     hardware = getattr(costs, "hardware", None)
     if hardware is None or hardware.kind == "cpu":
         return CPU_NUM_BLOCKS
-    strategy, (auto_seqs, auto_tokens) = cfg.strategy, auto_caps
-    num_seqs = getattr(strategy, "max_num_seqs", getattr(strategy, "batch_size", "auto"))
-    num_tokens = getattr(strategy, "max_batch_tokens", "auto")
-    caps = (auto_seqs if num_seqs == "auto" else num_seqs, auto_tokens if num_tokens == "auto" else num_tokens)
     share = None if cfg.kv_cache.memory_fraction == "auto" else cfg.kv_cache.memory_fraction
     try:
-        return costs.num_kv_blocks(cfg.kv_cache.block_size, share, caps)
+        return costs.num_kv_blocks(cfg.kv_cache.block_size, share, engine_caps)
     except ValueError as e:
         raise ConfigError(str(e)) from None
