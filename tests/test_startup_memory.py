@@ -19,10 +19,11 @@ from tests.conftest import ROOT
 GPUSTACK = ROOT / "tests" / "fixtures" / "published" / "gpustack"
 
 
-def cache_tokens(engine: str, hardware: str, caps=None, memory_fraction=None) -> int:
+def cache_tokens(engine: str, hardware: str, memory_fraction=None) -> int:
+    """Tokens Qwen3-32B's cache holds on one GPU of `hardware` under `engine`, at vLLM's default caps there."""
     run = load_measured(GPUSTACK / "gpustack-h100-qwen3-32b-vllm-random-4k.json")
     costs = RooflineCostModel(run_architecture(run), get_hardware(hardware), get_engine(engine))
-    return 16 * costs.num_kv_blocks(16, memory_fraction, caps or get_hardware(hardware).serving_defaults)
+    return 16 * costs.num_kv_blocks(16, memory_fraction, get_hardware(hardware).serving_defaults)
 
 
 def test_sglang_takes_its_own_default_share_of_the_gpu():
