@@ -210,9 +210,9 @@ def test_a_v1_engine_takes_a_preempted_prompt_back_from_its_prefix_cache(tmp_pat
 def test_a_hosts_own_decode_bandwidth_gives_the_inter_token_latencies_its_runs_published(tmp_path):
     """GPUStack's H100 of its Qwen3-14B and -32B pages decoded a lone 32,000-token request of Qwen3-32B at 43.3 ms a
     token: 1,760 GB/s, where the datasheet's 3,350 at the engine's share gives 26 ms. With that host's figure every
-    vLLM run of those pages gets the median ITL it published within 12% (those of fixed lengths within 5%; the
-    ShareGPT burst's steps are as much its compute's), though no fit ever sees an ITL; with the datasheet's, each
-    comes out at least 18% short."""
+    vLLM run of those pages gets the median ITL it published within 12% (those of fixed lengths within 5%), though
+    no fit ever sees an ITL; with the datasheet's, each comes out short: those of fixed lengths by over a third, the
+    Qwen3-14B ShareGPT burst, whose steps of hundreds of sequences are as much the host's work per sequence, by 11%."""
     from harness.sim.calibrate import default_params, simulate
     from harness.sim.measured import MeasuredRunError, load_measured
 
@@ -223,7 +223,8 @@ def test_a_hosts_own_decode_bandwidth_gives_the_inter_token_latencies_its_runs_p
         assert simulate(run, default_params(run))["itl_s_p50"] == pytest.approx(published, rel=0.12), run.name
         datasheet = dataclasses.replace(run, setup={k: v for k, v in run.setup.items() if k != "host_bandwidth_gbps"})
         assert datasheet.host_bandwidth is None
-        assert simulate(datasheet, default_params(datasheet))["itl_s_p50"] < 0.82 * published, run.name
+        short = 0.9 if "sharegpt" in run.name else 0.65
+        assert simulate(datasheet, default_params(datasheet))["itl_s_p50"] < short * published, run.name
     data = json.loads((GPUSTACK / "gpustack-h100-qwen3-32b-vllm-random-32k.json").read_text())
     del data["setup"]["host_bandwidth_from"]
     (tmp_path / "run.json").write_text(json.dumps(data))
@@ -234,7 +235,7 @@ def test_a_hosts_own_decode_bandwidth_gives_the_inter_token_latencies_its_runs_p
 
 def test_a_hosts_own_compute_share_read_from_its_long_prompts_holds_for_its_other_runs(tmp_path):
     """The same host's prefill fell short of the profile's compute: its 100 prompts of 32,000 tokens (Qwen3-32B,
-    mostly prefill) took the published 1,157 s at 0.87 of it, where the profile's own gives 9.5% more throughput.
+    mostly prefill) took the published 1,157 s at 0.84 of it, where the profile's own gives 12% more throughput.
     Read from that run alone, the share brings the host's other fixed-length vLLM bursts (Qwen3-14B at 2,000, 4,000
     and 32,000 tokens, Qwen3-32B at 2,000 and 4,000) within 11% in throughput, closer all told than the profile's
     compute."""
@@ -242,7 +243,7 @@ def test_a_hosts_own_compute_share_read_from_its_long_prompts_holds_for_its_othe
     from harness.sim.measured import MeasuredRunError, load_measured
 
     runs = [run for run in map(load_measured, sorted(GPUSTACK.glob("*.json"))) if run.host_bandwidth]
-    assert len(runs) == 11 and {run.host_compute_share for run in runs} == {0.87}
+    assert len(runs) == 11 and {run.host_compute_share for run in runs} == {0.84}
     read_from = next(run for run in runs if run.name == "gpustack-h100-qwen3-32b-vllm-random-32k")
     errors = relative_errors(read_from, simulate(read_from, default_params(read_from)))
     assert abs(errors["output_throughput_tps"]) < 0.005
@@ -370,3 +371,49 @@ def test_each_profile_gives_the_errors_its_file_records_for_every_published_run_
     for run in runs:
         expected = {key: value for key, value in recorded[run.name].items() if key != "role"}
         assert errors(run, engine) == pytest.approx(expected, abs=6e-5), run.name
+
+
+# vLLM PR #23914 (A100, tensor parallel 2, the LLM class, 512 output tokens a request): output tok/s at each number of
+# sequences a step, scheduled synchronously and asynchronously.
+ASYNC_SCHEDULING_TOKENS_PER_S = {32: (1014, 1025), 64: (1853, 1896), 128: (3048, 3177), 256: (4039, 4258)}
+
+
+def test_the_v1_profile_holds_the_per_sequence_host_time_async_scheduling_was_measured_to_hide():
+    # What async scheduling took off a step grows with its sequences: the host work a synchronous step waits for.
+    batches = np.array(list(ASYNC_SCHEDULING_TOKENS_PER_S))
+    saved_s = np.array([n / sync - n / overlapped for n, (sync, overlapped) in ASYNC_SCHEDULING_TOKENS_PER_S.items()])
+    per_sequence_s = np.polyfit(batches, saved_s, 1)[0]
+    engine = get_engine("vllm-v1")
+    assert engine.held == ("seq_overhead_s",)
+    assert engine.seq_overhead_s == pytest.approx(per_sequence_s, rel=0.01)
+
+
+def test_a_fit_keeps_what_a_profile_holds_and_its_file_keeps_the_source(monkeypatch, tmp_path):
+    import shutil
+
+    import yaml
+
+    from harness.sim import fit_engine
+
+    searched = {}
+
+    def search(start, bounds, loss_of, max_evaluations):
+        searched.update(bounds)
+        return start, 0.0
+
+    monkeypatch.setattr(fit_engine, "two_start_search", search)
+    engine = get_engine("vllm-v1")
+    fit_engine.fit_profile([], engine, 1)
+    assert "seq_overhead_s" not in searched and "step_overhead_s" in searched
+    searched.clear()
+    fit_engine.fit_profile([], dataclasses.replace(engine, held=()), 1)
+    assert "seq_overhead_s" in searched
+    # Written back, the profile's file still says where the held figure came from.
+    shutil.copy(ROOT / "conf" / "engine" / "vllm-v1.yaml", tmp_path / "vllm-v1.yaml")
+    monkeypatch.setattr(fit_engine, "CATALOGUE_DIR", tmp_path)
+    fit_engine.write_profile("vllm-v1", engine, [], [])
+    written = yaml.safe_load((tmp_path / "vllm-v1.yaml").read_text())
+    assert written["held"]["seq_overhead_s"].startswith("vLLM PR #23914")
+    assert get_engine(str(tmp_path / "vllm-v1.yaml")).held == ("seq_overhead_s",)
+    with pytest.raises(ValueError, match="held: seq_overhead is not a figure a fit searches"):
+        get_engine(written | {"held": {"seq_overhead": "a typo"}})

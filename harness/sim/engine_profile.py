@@ -5,22 +5,26 @@ The host side — the front end's latency and serial work per request, the sched
 and per token, and whether the engine schedules the next step while the GPU runs this one (async scheduling) —
 and how well its kernels use the GPU: the share of peak memory bandwidth they reach, a scale on the hardware
 class's compute efficiency, and how the grouped GEMMs of a mixture of experts fall short of dense ones. Every
-figure was fitted to published runs of that engine (the profile's file says which) and may be overridden one by
+figure was fitted to published runs of that engine (the profile's file says which), or measured elsewhere and held
+by the fit (`held`, each with its source), and may be overridden one by
 one (`runner.step_overhead_s=...`) or all together by a calibration (`runner.calibration=`). A profile also names
 how its engine schedules continuous batching (`scheduler`: vLLM's or SGLang's, `strategies.CONTINUOUS_SCHEDULERS`).
 """
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from harness.catalogue import catalogue_entry, catalogue_names
+from harness.sim.calibration import BOUNDS
 from workloads.config import Strict, one_line
 
 CATALOGUE_DIR = Path(__file__).resolve().parents[2] / "conf" / "engine"
 DEFAULT_ENGINE = "vllm-v1"
+# The figures `harness.sim.fit_engine` searches: a calibration's, the compute share as a scale on the hardware class's.
+FITTED_FIGURES = ("compute_scale", *(name for name in asdict(BOUNDS) if name != "compute_efficiency"))
 Seconds = Annotated[float, Field(ge=0, le=10)]
 Share = Annotated[float, Field(gt=0, le=1)]
 
@@ -47,6 +51,15 @@ class EngineSpec(Strict):
     moe_tokens_half: Annotated[float, Field(ge=0)] = 0.0
     expert_overhead_s: Annotated[float, Field(ge=0, le=1e-3)] = 0.0
     cache_sizing: Literal["share", "vllm", "sglang"] = "share"
+    # Figures measured elsewhere, which a fit keeps as they are: each with the measurement it was read from.
+    held: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _held_are_fitted_figures(self):
+        unknown = sorted(set(self.held) - set(FITTED_FIGURES))
+        if unknown:
+            raise ValueError(f"held: {', '.join(unknown)} is not a figure a fit searches ({', '.join(FITTED_FIGURES)})")
+        return self
 
 
 @dataclass(frozen=True)
@@ -78,6 +91,7 @@ class EngineProfile:
     # `sglang`'s share is the weights' and the cache's alone (--mem-fraction-static, by default SGLang's own from the
     # GPU's memory); `share`: the weights and the cache fill the share, nothing else counted.
     cache_sizing: str = "share"
+    held: tuple[str, ...] = ()  # figures a fit keeps (`EngineSpec.held`: measured elsewhere)
 
     def moe_share(self, tokens_per_expert):
         """The share of the dense compute efficiency an expert GEMM of this many tokens reaches (arrays too)."""
@@ -101,8 +115,8 @@ def get_engine(choice) -> EngineProfile:
         spec = EngineSpec.model_validate(choice)
     except ValidationError as e:
         raise ValueError(f"{where}: {one_line(e, choice)}") from None
-    names = {f.name for f in fields(EngineProfile)}
-    return EngineProfile(**spec.model_dump(include=names))
+    names = {f.name for f in fields(EngineProfile)} - {"held"}
+    return EngineProfile(**spec.model_dump(include=names), held=tuple(spec.held))
 
 
 def fixture_engine(setup: dict) -> str:

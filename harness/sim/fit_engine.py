@@ -47,9 +47,10 @@ def loss(runs: list[MeasuredRun], engine: EngineProfile) -> float:
 def fit_profile(runs: list[MeasuredRun], start: EngineProfile, max_evaluations: int) -> tuple[EngineProfile, float]:
     """The profile that best reproduces `runs` from `start`: `calibrate.fit`'s search (from `start` and from its
     screened variant, each restarted once from its own answer) of the figures the runs pin (`pinned_params`). One
-    search alone stopped where it began on the `vllm-v1` runs (a loss of 0.0327); restarted, it went on to 0.0309."""
+    search alone stopped where it began on the `vllm-v1` runs (a loss of 0.0327); restarted, it went on to 0.0309.
+    The figures `start` holds (`EngineProfile.held`: measured elsewhere) stay as they are."""
     pinned = pinned_params(runs) | {"compute_scale"}  # a profile's compute figure: a scale on the hardware class's
-    bounds = {name: limits for name, limits in PROFILE_BOUNDS.items() if name in pinned}
+    bounds = {name: limits for name, limits in PROFILE_BOUNDS.items() if name in pinned and name not in start.held}
     return two_start_search(start, bounds, lambda engine: loss(runs, engine), max_evaluations)
 
 
@@ -85,7 +86,8 @@ def write_profile(name: str, engine: EngineProfile, fitted: list[MeasuredRun], r
     text = path.read_text()
     comments = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
     data = yaml.safe_load(text)
-    figures = {f.name: getattr(engine, f.name) for f in fields(EngineProfile) if f.name != "name"}
+    # What it holds stays as the file says it, with each figure's source.
+    figures = {f.name: getattr(engine, f.name) for f in fields(EngineProfile) if f.name not in ("name", "held")}
     data |= figures
     data["fitted_on"] = [run.name for run in fitted]
     data["errors"] = {row["run"]: {"role": row["role"]} | {key: round(row[key], 4) for key in SHOWN if key in row}
