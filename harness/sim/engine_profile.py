@@ -6,8 +6,8 @@ and per token, and whether the engine schedules the next step while the GPU runs
 and how well its kernels use the GPU: the share of peak memory bandwidth they reach, a scale on the hardware
 class's compute efficiency, and how the grouped GEMMs of a mixture of experts fall short of dense ones. Every
 figure was fitted to published runs of that engine (the profile's file says which), or measured elsewhere and held
-by the fit (`held`, each with its source), and may be overridden one by
-one (`runner.step_overhead_s=...`) or all together by a calibration (`runner.calibration=`). A profile also names
+by the fit (`held`, each with its source), and may be overridden one by one (`runner.step_overhead_s=...`) or all
+together by a calibration (`runner.calibration=`). A profile also names
 how its engine schedules continuous batching (`scheduler`: vLLM's or SGLang's, `strategies.CONTINUOUS_SCHEDULERS`).
 """
 
