@@ -24,14 +24,15 @@ from harness.sim.calibrate import (
     two_start_search,
 )
 from harness.sim.calibration import BOUNDS
-from harness.sim.engine_profile import CATALOGUE_DIR, EngineProfile, get_engine
+from harness.sim.engine_profile import CATALOGUE_DIR, FITTED_FIGURES, EngineProfile, get_engine
 from harness.sim.measured import MeasuredRun, load_measured_runs
 
 # The figures a profile fit searches, and their ranges (this project's choice): calibrate's, with the compute share as
 # a scale on the hardware class's (1.0: as the engine the class figure was fitted on; 1.5 puts a Hopper at 77% of its
 # peak), and a scheduler's host time capped at 4 ms a step and 20 µs a sequence: uncapped, a fit of bursts alone
 # traded a slower GPU for 8 ms steps and 88 µs per sequence (SGLang, measured here), which no engine takes.
-PROFILE_BOUNDS = ({"compute_scale": (0.3, 1.5)} | {k: v for k, v in asdict(BOUNDS).items() if k != "compute_efficiency"}
+PROFILE_BOUNDS = ({"compute_scale": (0.3, 1.5)} | {name: getattr(BOUNDS, name) for name in FITTED_FIGURES
+                                                    if name != "compute_scale"}
                   | {"step_overhead_s": (0.0, 0.004), "seq_overhead_s": (0.0, 2e-5)})
 SHOWN = {"output_throughput_tps": "tput", "tpot_s_p50": "TPOT p50", "ttft_s_p50": "TTFT p50", "e2e_s_mean": "E2E"}
 
