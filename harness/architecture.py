@@ -231,6 +231,26 @@ class Architecture:
         sequence whatever its length, which the per-token figure leaves out."""
         return self.num_full_layers * self.kv_width * self.kv_element_bytes
 
+    def activation_bytes_per_token(self, tensor_parallel: int = 1) -> float:
+        """What the memory-bound kernels between a layer's GEMMs read and write per token, each GPU, all layers: two
+        residual adds fused with an RMSNorm (each reads the hidden state and the residual and writes both: 8 x
+        hidden), rotary embedding on the queries and keys (read and written), the attention's output (written), and
+        the gated activation (reads gate and up, writes their product: 3 x the MLP width a token passes through, its
+        routed and shared experts' in a mixture). The hidden state is whole on every GPU under tensor parallelism;
+        the heads and the MLP width are split. A GEMM's own activations stay out: a compute-bound GEMM hides them."""
+        if self.latent_attention:
+            q = self.num_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
+            k = self.qk_rope_head_dim  # rotary runs on the latent's rope part
+            out = self.num_heads * self.v_head_dim
+        else:
+            q, k = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            out = q
+        dense = self.num_layers - self.num_moe_layers
+        moe_width = (self.experts_per_token + self.num_shared_experts) * self.expert_intermediate_size
+        mlp = dense * self.intermediate_size + self.num_moe_layers * moe_width
+        split = self.num_layers * (2 * (q + k) + out) + 3 * mlp
+        return self.bytes_per_param * (self.num_layers * 8 * self.hidden_size + split / tensor_parallel)
+
     def kv_shards(self, tensor_parallel: int) -> int:
         """How many ways N GPUs split the cache: by KV head, as far as the heads go (fewer heads than GPUs are
         replicated); a latent cache is one head, held whole by every GPU (vLLM's MLA with tensor parallelism)."""

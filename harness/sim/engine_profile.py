@@ -51,6 +51,7 @@ class EngineSpec(Strict):
     moe_tokens_half: Annotated[float, Field(ge=0)] = 0.0
     expert_overhead_s: Annotated[float, Field(ge=0, le=1e-3)] = 0.0
     cache_sizing: Literal["share", "vllm", "sglang"] = "share"
+    activation_traffic: bool = False
     # Figures measured elsewhere, which a fit keeps as they are: each with the measurement it was read from.
     held: dict[str, str] = {}
 
@@ -91,6 +92,10 @@ class EngineProfile:
     # `sglang`'s share is the weights' and the cache's alone (--mem-fraction-static, by default SGLang's own from the
     # GPU's memory); `share`: the weights and the cache fill the share, nothing else counted.
     cache_sizing: str = "share"
+    # Whether the memory-bound kernels between GEMMs (norms, rotary, activation: `Architecture.
+    # activation_bytes_per_token`) cost GPU time per token at the engine's bandwidth share. False: a profile whose
+    # fitted per-token host time stands for them (`vllm-0.5`, fitted before they were counted).
+    activation_traffic: bool = False
     held: tuple[str, ...] = ()  # figures a fit keeps (`EngineSpec.held`: measured elsewhere)
 
     def moe_share(self, tokens_per_expert):

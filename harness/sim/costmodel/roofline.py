@@ -1,10 +1,12 @@
 """A roofline cost model: a named accelerator, a model architecture and a serving engine give each step's time.
 
-A step is three kinds of kernel, each bound by its own compute or its own memory traffic, on each GPU's share:
+A step is three kinds of kernel, each bound by its own compute or its own memory traffic, and the memory-bound
+kernels between them (`Architecture.activation_bytes_per_token`), on each GPU's share:
 
     time = max(dense GEMM FLOPs / (GEMM peak * compute eff.), dense weight bytes / (bandwidth * memory eff.))
          + max(expert GEMM FLOPs / (GEMM peak * compute eff. * MoE share), expert weight bytes / (...))
          + max(attention FLOPs / (BF16 peak * compute eff.), KV bytes / (bandwidth * memory eff.))
+         + tokens * activation bytes per token / (bandwidth * memory eff.)   (engines with `activation_traffic`)
          + all-reduces between the GPUs
 
 The GEMM peak is the weights' format's (FP8 or FP4 tensor cores where the GPU has them, see `Hardware.gemm_peak`).
@@ -74,6 +76,7 @@ class RooflineCostModel:
         self._expert_bytes = arch.num_moe_layers * arch.expert_params * arch.expert_format_bytes
         self._prefill_pair_flops = arch.attention_flops_per_pair(decode=False)
         self._decode_pair_flops = arch.attention_flops_per_pair(decode=True)
+        self._activation_bytes = arch.activation_bytes_per_token(n) if engine.activation_traffic else 0.0
 
     def host_seconds(self, shape: StepShape):
         """The engine's host work for a step: fixed, plus per sequence (rows of a padded rectangle included) and per
@@ -172,7 +175,8 @@ class RooflineCostModel:
             seconds = seconds + a.num_moe_layers * busiest * self.engine.expert_overhead_s
         kv_per_gpu = self.kv_bytes(shape) / a.kv_shards(n)
         attention = np.maximum(self.attention_flops(shape) / (self.hardware.peak_flops * compute), kv_per_gpu / memory)
-        return seconds + attention + self.allreduce_s(shape)
+        between_gemms = self._activation_bytes * shape.num_tokens / memory
+        return seconds + attention + between_gemms + self.allreduce_s(shape)
 
     def num_kv_blocks(self, block_size: int, memory_fraction: float | None,
                       caps: tuple[int, int] | None = None) -> int:
