@@ -65,8 +65,8 @@ def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
     if run.host_bandwidth:  # what its host's decode steps showed, in place of the datasheet's x the engine's share
         profile = profile.overridden({"memory_efficiency": run.host_bandwidth / hardware.memory_bandwidth})
     # And what its host's prefill showed, as a share of the compute the figures give (1: theirs).
-    compute_efficiency = params.compute_efficiency * run.host_compute_share
-    costs = RooflineCostModel(arch, hardware, profile, compute_efficiency, run.tensor_parallel, run.expert_parallel)
+    costs = RooflineCostModel(arch, hardware, profile, params.compute_efficiency, run.tensor_parallel,
+                              run.expert_parallel, run.host_compute_share)
     default_seqs, default_tokens = hardware.serving_defaults
     options = {
         "max_num_seqs": run.max_num_seqs or default_seqs,

@@ -52,6 +52,7 @@ class EngineSpec(Strict):
     expert_overhead_s: Annotated[float, Field(ge=0, le=1e-3)] = 0.0
     cache_sizing: Literal["share", "vllm", "sglang"] = "share"
     activation_traffic: bool = False
+    flash_attention: bool = False
     # Figures measured elsewhere, which a fit keeps as they are: each with the measurement it was read from.
     held: dict[str, str] = {}
 
@@ -96,6 +97,10 @@ class EngineProfile:
     # activation_bytes_per_token`) cost GPU time per token at the engine's bandwidth share. False: a profile whose
     # fitted per-token host time stands for them (`vllm-0.5`, fitted before they were counted).
     activation_traffic: bool = False
+    # Whether its attention runs at the hardware file's measured FlashAttention rates where it has them
+    # (`Hardware.attention_share`: FlashAttention-3 on Hopper, as vLLM's V1 engine and SGLang run it). False: at the
+    # GEMMs' fitted compute share (`vllm-0.5`, which ran FlashAttention-2 on Hopper, fitted so).
+    flash_attention: bool = False
     held: tuple[str, ...] = ()  # figures a fit keeps (`EngineSpec.held`: measured elsewhere)
 
     def moe_share(self, tokens_per_expert):

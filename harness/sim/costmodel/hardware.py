@@ -42,6 +42,9 @@ class HardwareSpec(Strict):
     fp4_tflops: Annotated[float, Field(gt=0)] | None = None
     # Share of peak FLOP/s a serving engine reaches on this GPU class, where measured runs say; else the default.
     compute_efficiency: Annotated[float, Field(gt=0, le=1)] = DEFAULT_COMPUTE_EFFICIENCY
+    # FlashAttention's measured forward rate on this GPU (BF16, causal, head dim 128), TFLOP/s by sequence length,
+    # where published: attention kernels reach their own share of peak, growing with the keys each query reads.
+    flash_attention_tflops: dict[int, Annotated[float, Field(gt=0)]] | None = None
 
 
 # A GEMM whose weights the GPU's tensor cores cannot take runs a mixed-precision kernel (Marlin-style: each weight tile
@@ -69,13 +72,25 @@ class Hardware:
     compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY  # share of peak_flops a serving engine reaches
     fp8_flops: float | None = None  # FP/s of the FP8 tensor cores; None: none
     fp4_flops: float | None = None
+    flash_attention_rates: tuple[tuple[int, float], ...] = ()  # (causal sequence length, FLOP/s), ascending
 
     @classmethod
     def from_spec(cls, spec: HardwareSpec) -> "Hardware":
         return cls(spec.name, spec.bf16_tflops * 1e12, spec.memory_bandwidth_gbps * GB, spec.memory_gb * GB,
                    interconnect_bandwidth=spec.interconnect_gbps * GB, compute_efficiency=spec.compute_efficiency,
                    fp8_flops=spec.fp8_tflops and spec.fp8_tflops * 1e12,
-                   fp4_flops=spec.fp4_tflops and spec.fp4_tflops * 1e12)
+                   fp4_flops=spec.fp4_tflops and spec.fp4_tflops * 1e12,
+                   flash_attention_rates=tuple(sorted((length, tflops * 1e12) for length, tflops
+                                                      in (spec.flash_attention_tflops or {}).items())))
+
+    def attention_share(self, mean_keys):
+        """The share of peak FLOP/s attention reaches when each query reads `mean_keys` keys on average (arrays too):
+        FlashAttention's measured rate at the causal sequence length of that mean (twice it), interpolated in log
+        length and held beyond the measured ones. None where the hardware file gives no rates."""
+        if not self.flash_attention_rates:
+            return None
+        lengths, rates = zip(*self.flash_attention_rates)
+        return np.interp(np.log2(np.maximum(2 * mean_keys, 1)), np.log2(lengths), np.array(rates) / self.peak_flops)
 
     def gemm_peak(self, weight_bytes: float) -> float:
         """The tensor-core peak a GEMM over weights of `weight_bytes` per parameter reaches: its format's, or the

@@ -5,11 +5,13 @@ kernels between them (`Architecture.activation_bytes_per_token`), on each GPU's 
 
     time = max(dense GEMM FLOPs / (GEMM peak * compute eff.), dense weight bytes / (bandwidth * memory eff.))
          + max(expert GEMM FLOPs / (GEMM peak * compute eff. * MoE share), expert weight bytes / (...))
-         + max(attention FLOPs / (BF16 peak * compute eff.), KV bytes / (bandwidth * memory eff.))
+         + max(attention FLOPs / (BF16 peak * attention eff.), KV bytes / (bandwidth * memory eff.))
          + tokens * activation bytes per token / (bandwidth * memory eff.)   (engines with `activation_traffic`)
          + all-reduces between the GPUs
 
 The GEMM peak is the weights' format's (FP8 or FP4 tensor cores where the GPU has them, see `Hardware.gemm_peak`).
+Attention reaches FlashAttention's measured share of peak at the step's keys per query where the hardware file has
+it and the engine runs it (`EngineProfile.flash_attention`, `Hardware.attention_share`), else the compute eff.
 A mixture of experts reads, per layer, the experts its step's tokens are expected to touch (uniform top-k routing)
 and computes only the experts each token is routed to; grouped expert GEMMs reach a smaller share of peak with fewer
 tokens per expert (`EngineProfile.moe_share`). Attention counts MLA's absorbed and expanded forms
@@ -53,7 +55,8 @@ ALLREDUCE_BANDWIDTH_SHARE = 0.35
 
 class RooflineCostModel:
     def __init__(self, arch: Architecture, hardware: Hardware, engine: EngineProfile,
-                 compute_efficiency: float | None = None, tensor_parallel: int = 1, expert_parallel: bool = False):
+                 compute_efficiency: float | None = None, tensor_parallel: int = 1, expert_parallel: bool = False,
+                 host_compute_share: float = 1.0):
         n = tensor_parallel
         if arch.num_heads % n or (arch.num_kv_heads % n and n % arch.num_kv_heads):
             raise ValueError(f"runner.tensor_parallel={n} does not split the model's {arch.num_heads} attention heads "
@@ -63,8 +66,12 @@ class RooflineCostModel:
                              f"{n} GPUs share evenly; the model has {arch.num_experts}")
         self.arch, self.hardware, self.engine = arch, hardware, engine
         self.tensor_parallel, self.expert_parallel = n, expert_parallel
-        # None: the hardware class's share of peak FLOP/s (`Hardware.compute_efficiency`), scaled by the engine's.
-        self.compute_efficiency = compute_efficiency or hardware.compute_efficiency * engine.compute_scale
+        # None: the hardware class's share of peak FLOP/s (`Hardware.compute_efficiency`), scaled by the engine's;
+        # times the share of it a slower host reaches (a published run's `setup.host_compute_share`).
+        self.compute_efficiency = (compute_efficiency or hardware.compute_efficiency * engine.compute_scale
+                                   ) * host_compute_share
+        # Attention at FlashAttention's measured rates where the hardware file has them and the engine runs it.
+        self._host_compute_share = host_compute_share if engine.flash_attention else None
         self.memory_efficiency = engine.memory_efficiency
         # What every step's cost is built from and no step changes: the parameters a token multiplies outside and
         # inside its routed experts, the weights every step reads, one expert's bytes, attention per query-key pair.
@@ -174,7 +181,13 @@ class RooflineCostModel:
                                            self._expert_bytes_of(busiest) / memory)
             seconds = seconds + a.num_moe_layers * busiest * self.engine.expert_overhead_s
         kv_per_gpu = self.kv_bytes(shape) / a.kv_shards(n)
-        attention = np.maximum(self.attention_flops(shape) / (self.hardware.peak_flops * compute), kv_per_gpu / memory)
+        attention_compute = compute
+        if self._host_compute_share is not None:
+            measured = self.hardware.attention_share(shape.mean_context)
+            if measured is not None:
+                attention_compute = measured * self._host_compute_share * n
+        attention = np.maximum(self.attention_flops(shape) / (self.hardware.peak_flops * attention_compute),
+                               kv_per_gpu / memory)
         between_gemms = self._activation_bytes * shape.num_tokens / memory
         return seconds + attention + between_gemms + self.allreduce_s(shape)
 
