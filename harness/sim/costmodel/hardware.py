@@ -7,6 +7,7 @@ spec sheet there), a user's own YAML file, or the figures given inline. `cpu` me
 
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated
 
@@ -89,8 +90,14 @@ class Hardware:
         length and held beyond the measured ones. None where the hardware file gives no rates."""
         if not self.flash_attention_rates:
             return None
+        log_lengths, shares = self._attention_curve
+        return np.interp(np.log2(np.maximum(2 * mean_keys, 1)), log_lengths, shares)
+
+    @cached_property
+    def _attention_curve(self) -> tuple[np.ndarray, np.ndarray]:
+        """`flash_attention_rates` as log2 lengths and shares of peak, built once: a replay asks for it every step."""
         lengths, rates = zip(*self.flash_attention_rates)
-        return np.interp(np.log2(np.maximum(2 * mean_keys, 1)), np.log2(lengths), np.array(rates) / self.peak_flops)
+        return np.log2(lengths), np.array(rates) / self.peak_flops
 
     def gemm_peak(self, weight_bytes: float) -> float:
         """The tensor-core peak a GEMM over weights of `weight_bytes` per parameter reaches: its format's, or the

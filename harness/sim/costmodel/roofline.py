@@ -71,7 +71,8 @@ class RooflineCostModel:
         self.compute_efficiency = (compute_efficiency or hardware.compute_efficiency * engine.compute_scale
                                    ) * host_compute_share
         # Attention at FlashAttention's measured rates where the hardware file has them and the engine runs it.
-        self._host_compute_share = host_compute_share if engine.flash_attention else None
+        self._flash_attention = engine.flash_attention and bool(hardware.flash_attention_rates)
+        self._host_compute_share = host_compute_share
         self.memory_efficiency = engine.memory_efficiency
         # What every step's cost is built from and no step changes: the parameters a token multiplies outside and
         # inside its routed experts, the weights every step reads, one expert's bytes, attention per query-key pair.
@@ -182,10 +183,8 @@ class RooflineCostModel:
             seconds = seconds + a.num_moe_layers * busiest * self.engine.expert_overhead_s
         kv_per_gpu = self.kv_bytes(shape) / a.kv_shards(n)
         attention_compute = compute
-        if self._host_compute_share is not None:
-            measured = self.hardware.attention_share(shape.mean_context)
-            if measured is not None:
-                attention_compute = measured * self._host_compute_share * n
+        if self._flash_attention:
+            attention_compute = self.hardware.attention_share(shape.mean_context) * self._host_compute_share * n
         attention = np.maximum(self.attention_flops(shape) / (self.hardware.peak_flops * attention_compute),
                                kv_per_gpu / memory)
         between_gemms = self._activation_bytes * shape.num_tokens / memory
