@@ -59,9 +59,10 @@ class StepCost:
         self.step_overhead_s = step_overhead_s
 
     def predict(self, shape) -> float:
-        # Decode pairs cost a little more than prefill ones (MLA's absorbed attention): a shape that miscounts them
-        # is timed wrong too.
-        return (self.fixed_s + self.per_token_s * shape.num_tokens + self.per_pair_s * shape.attention_pairs
+        # Decode pairs cost a little more than prefill ones (MLA's absorbed attention), and masked ones nothing (a
+        # causal kernel skips them): a shape that miscounts either is timed wrong too.
+        return (self.fixed_s + self.per_token_s * shape.num_tokens
+                + self.per_pair_s * (shape.attention_pairs - shape.masked_pairs)
                 + self.per_pair_s * shape.decode_pairs / 8)
 
     def predict_many(self, shape):

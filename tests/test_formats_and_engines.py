@@ -11,9 +11,10 @@ from harness.architecture import Architecture
 from harness.config import ConfigError, compose_config, validate
 from harness.job import run_job
 from harness.model_spec import described_model
-from harness.sim.costmodel import RooflineCostModel, StepShape
+from harness.sim.costmodel import RooflineCostModel, StepShape, step_shape
 from harness.sim.costmodel.hardware import get_hardware, widened_gemm_share
 from harness.sim.engine_profile import fixture_engine, get_engine
+from strategies import BatchPlan, Request, ScheduledChunk
 from tests.conftest import ROOT, bare_engine
 
 H100, H200, A100, B200 = (get_hardware(name) for name in ("h100", "h200", "a100-80gb", "b200"))
@@ -160,6 +161,24 @@ def test_attention_reaches_flash_attentions_measured_share_of_a_hopper_gpu():
     assert not get_engine("vllm-0.5").flash_attention and get_engine("vllm-v1").flash_attention
 
 
+def test_a_causal_kernel_skips_the_pairs_a_prompt_chunks_own_mask_hides():
+    # A 2,048-token prompt chunk after 30,000 cached tokens, beside a decode row over 5,000 keys.
+    prompt, decoding = Request(0, 0.0, [], 32_048, 8), Request(1, 0.0, [], 5_000, 8)
+    decoding.num_output_tokens = 1
+    shape = step_shape(BatchPlan([ScheduledChunk(prompt, 30_000, 2048), ScheduledChunk(decoding, 5_000, 1)]))
+    assert shape.attention_pairs == 2048 * 32_048 + 5_001 and shape.masked_pairs == 2048 * 2047 // 2
+    qwen = arch("qwen3-32b")
+    flash, computes_all = (RooflineCostModel(qwen, H100, bare_engine(flash_attention=flag), compute_efficiency=0.5)
+                           for flag in (True, False))
+    causal = 2048 * 30_000 + 2048 * 2049 // 2  # each query's keys up to its own position
+    assert flash.attention_flops(shape) == pytest.approx(computes_all.attention_flops(shape)
+                                                         * (causal + 5_001) / (2048 * 32_048 + 5_001))
+    # And FlashAttention's rate is read at the causal keys a query reads: a whole 2k prompt at its 2k rate.
+    whole = step_shape(BatchPlan([ScheduledChunk(Request(2, 0.0, [], 2048, 8), 0, 2048)]))
+    assert flash.attention_pairs(whole) / 2048 == pytest.approx(1024.5)
+    assert H100.attention_share(1024.5) == pytest.approx(521 / 989, rel=1e-3)
+
+
 def test_each_published_run_is_judged_by_its_own_engines_profile():
     assert fixture_engine({"engine": "vllm", "engine_version": "0.5.4"}) == "vllm-0.5"
     assert fixture_engine({"engine": "vllm", "engine_version": "0.11.0"}) == "vllm-v1"
@@ -249,8 +268,8 @@ def test_a_hosts_own_decode_bandwidth_gives_the_inter_token_latencies_its_runs_p
     """GPUStack's H100 of its Qwen3-14B and -32B pages decoded a lone 32,000-token request of Qwen3-32B at 43.3 ms a
     token: 1,760 GB/s, where the datasheet's 3,350 at the engine's share gives 26 ms. With that host's figure every
     vLLM run of those pages gets the median ITL it published within 12% (those of fixed lengths within 5%), though
-    no fit ever sees an ITL; with the datasheet's, each comes out short: those of fixed lengths by over a third, the
-    Qwen3-14B ShareGPT burst, whose steps of hundreds of sequences are as much the host's work per sequence, by 12%."""
+    no fit ever sees an ITL; with the datasheet's, each comes out short: those of fixed lengths by a third or more, the
+    Qwen3-14B ShareGPT burst, whose steps of hundreds of sequences are as much the host's work per sequence, by 8%."""
     from harness.sim.calibrate import default_params, simulate
     from harness.sim.measured import MeasuredRunError, load_measured
 
@@ -261,7 +280,7 @@ def test_a_hosts_own_decode_bandwidth_gives_the_inter_token_latencies_its_runs_p
         assert simulate(run, default_params(run))["itl_s_p50"] == pytest.approx(published, rel=0.12), run.name
         datasheet = dataclasses.replace(run, setup={k: v for k, v in run.setup.items() if k != "host_bandwidth_gbps"})
         assert datasheet.host_bandwidth is None
-        short = 0.9 if "sharegpt" in run.name else 0.65
+        short = 0.93 if "sharegpt" in run.name else 0.66
         assert simulate(datasheet, default_params(datasheet))["itl_s_p50"] < short * published, run.name
     data = json.loads((GPUSTACK / "gpustack-h100-qwen3-32b-vllm-random-32k.json").read_text())
     del data["setup"]["host_bandwidth_from"]
@@ -273,15 +292,15 @@ def test_a_hosts_own_decode_bandwidth_gives_the_inter_token_latencies_its_runs_p
 
 def test_a_hosts_own_compute_share_read_from_its_long_prompts_holds_for_its_other_runs(tmp_path):
     """The same host's prefill fell short of the profile's compute: its 100 prompts of 32,000 tokens (Qwen3-32B,
-    mostly prefill) took the published 1,157 s at 0.81 of it, where the profile's own gives 15% more throughput.
+    mostly prefill) took the published 1,157 s at 0.75 of it, where the profile's own gives 20% more throughput.
     Read from that run alone, the share brings the host's other fixed-length vLLM bursts (Qwen3-14B at 2,000, 4,000
-    and 32,000 tokens, Qwen3-32B at 2,000 and 4,000) within 7% in throughput, closer all told than the profile's
+    and 32,000 tokens, Qwen3-32B at 2,000 and 4,000) within 5% in throughput, closer all told than the profile's
     compute."""
     from harness.sim.calibrate import default_params, relative_errors, simulate
     from harness.sim.measured import MeasuredRunError, load_measured
 
     runs = [run for run in map(load_measured, sorted(GPUSTACK.glob("*.json"))) if run.host_bandwidth]
-    assert len(runs) == 11 and {run.host_compute_share for run in runs} == {0.81}
+    assert len(runs) == 11 and {run.host_compute_share for run in runs} == {0.75}
     read_from = next(run for run in runs if run.name == "gpustack-h100-qwen3-32b-vllm-random-32k")
     errors = relative_errors(read_from, simulate(read_from, default_params(read_from)))
     assert abs(errors["output_throughput_tps"]) < 0.005
@@ -292,7 +311,7 @@ def test_a_hosts_own_compute_share_read_from_its_long_prompts_holds_for_its_othe
         with_share.append(relative_errors(run, simulate(run, default_params(run)))["output_throughput_tps"])
         plain = dataclasses.replace(run, setup={k: v for k, v in run.setup.items() if k != "host_compute_share"})
         profiles.append(relative_errors(plain, simulate(plain, default_params(plain)))["output_throughput_tps"])
-    assert max(map(abs, with_share)) < 0.07 and sum(map(abs, with_share)) < sum(map(abs, profiles))
+    assert max(map(abs, with_share)) < 0.05 and sum(map(abs, with_share)) < sum(map(abs, profiles))
     data = json.loads((GPUSTACK / "gpustack-h100-qwen3-32b-vllm-random-32k.json").read_text())
     data["setup"]["host_compute_share"] = 1.2
     (tmp_path / "run.json").write_text(json.dumps(data))

@@ -97,10 +97,10 @@ class SimContinuous(SimEngine):
 
         num_decode = len(self.decoders)  # those a prefill preempted are gone
         decode_keys = self.decoders.keys_read(step)
-        num_prefill, keys, pairs, num_sampled, decode_pairs = self._start_chunks(chunks)
+        num_prefill, keys, pairs, num_sampled, decode_pairs, masked_pairs = self._start_chunks(chunks)
         rows = num_decode + len(chunks)
         shape = StepShape(False, num_decode + num_prefill, rows, pairs + decode_keys, keys + decode_keys,
-                          num_sampled + num_decode, decode_pairs + decode_keys)
+                          num_sampled + num_decode, decode_pairs + decode_keys, masked_pairs)
         end_s = self._record(step, shape, num_prefill=num_prefill, num_decode=num_decode, row_width=0,
                              num_preempted=len(preempted), num_seqs=rows, num_lookup=num_lookup, num_cached=num_cached)
 

@@ -139,11 +139,11 @@ class SimEngine(Engine):
         self._last_token_s.pop(request.request_id, None)
         self._done(request, end_s)
 
-    def _start_chunks(self, chunks: list[tuple[Request, int, int]]) -> tuple[int, int, int, int, int]:
+    def _start_chunks(self, chunks: list[tuple[Request, int, int]]) -> tuple[int, int, int, int, int, int]:
         """Prefill chunks (request, first token, tokens) about to run: their prompt blocks named, first scheduling
-        stamped. Returns their tokens, keys read, query-key pairs, sampled tokens and decode pairs (a one-token row,
-        as `step_shape` counts it)."""
-        tokens = keys = pairs = num_sampled = decode_pairs = 0
+        stamped. Returns their tokens, keys read, query-key pairs, sampled tokens, decode pairs (a one-token row)
+        and masked pairs, as `step_shape` counts them."""
+        tokens = keys = pairs = num_sampled = decode_pairs = masked_pairs = 0
         for request, start, num_new in chunks:
             self._name(request, start + num_new)
             if request.first_scheduled_s is None:
@@ -153,7 +153,8 @@ class SimEngine(Engine):
             pairs += num_new * (start + num_new)
             num_sampled += start + num_new == request.num_tokens
             decode_pairs += start + num_new if num_new == 1 else 0
-        return tokens, keys, pairs, num_sampled, decode_pairs
+            masked_pairs += num_new * (num_new - 1) // 2
+        return tokens, keys, pairs, num_sampled, decode_pairs, masked_pairs
 
     def _apply_chunks(self, chunks: list[tuple[Request, int, int]], prefilling: dict[int, Request], end_s: float,
                       join: Callable[[Request], None]) -> None:

@@ -102,8 +102,8 @@ class SimSGLang(SimEngine):
         return chunks, num_lookup, num_cached
 
     def _run_prefill(self, step: int, chunks: list[tuple[Request, int, int]], num_lookup: int, num_cached: int):
-        num_prefill, keys, pairs, num_sampled, decode_pairs = self._start_chunks(chunks)
-        shape = StepShape(False, num_prefill, len(chunks), pairs, keys, num_sampled, decode_pairs)
+        num_prefill, keys, pairs, num_sampled, decode_pairs, masked_pairs = self._start_chunks(chunks)
+        shape = StepShape(False, num_prefill, len(chunks), pairs, keys, num_sampled, decode_pairs, masked_pairs)
         end_s = self._record(step, shape, num_prefill=num_prefill, num_decode=0, row_width=0, num_seqs=len(chunks),
                              num_lookup=num_lookup, num_cached=num_cached)
         self.records.gaps_per_step.append(0)

@@ -11,7 +11,9 @@ kernels between them (`Architecture.activation_bytes_per_token`), on each GPU's 
 
 The GEMM peak is the weights' format's (FP8 or FP4 tensor cores where the GPU has them, see `Hardware.gemm_peak`).
 Attention reaches FlashAttention's measured share of peak at the step's keys per query where the hardware file has
-it and the engine runs it (`EngineProfile.flash_attention`, `Hardware.attention_share`), else the compute eff.
+it and the engine runs it (`EngineProfile.flash_attention`, `Hardware.attention_share`), else the compute eff.; such
+an engine's kernels skip the pairs a prompt chunk's causal mask hides (`StepShape.masked_pairs`), as the measured
+rates count them.
 A mixture of experts reads, per layer, the experts its step's tokens are expected to touch (uniform top-k routing)
 and computes only the experts each token is routed to; grouped expert GEMMs reach a smaller share of peak with fewer
 tokens per expert (`EngineProfile.moe_share`). Attention counts MLA's absorbed and expanded forms
@@ -72,6 +74,9 @@ class RooflineCostModel:
                                    ) * host_compute_share
         # Attention at FlashAttention's measured rates where the hardware file has them and the engine runs it.
         self._flash_attention = engine.flash_attention and bool(hardware.flash_attention_rates)
+        # FlashAttention skips the key blocks a causal mask hides wholly; an engine without it computed them (its
+        # fitted figures were read with them in).
+        self._skips_masked = engine.flash_attention
         self._host_compute_share = host_compute_share
         self.memory_efficiency = engine.memory_efficiency
         # What every step's cost is built from and no step changes: the parameters a token multiplies outside and
@@ -104,15 +109,20 @@ class RooflineCostModel:
         dense = 2 * self._dense_params * shape.num_tokens + 2 * self.arch.embedding_params * shape.num_sampled
         return dense, 2 * self._routed_params * shape.num_tokens
 
+    def attention_pairs(self, shape: StepShape):
+        """The query-key pairs the step's attention computes."""
+        return shape.attention_pairs - shape.masked_pairs if self._skips_masked else shape.attention_pairs
+
     def attention_flops(self, shape: StepShape):
         a = self.arch
-        prefill_pairs = shape.attention_pairs - shape.decode_pairs
+        pairs = self.attention_pairs(shape)
+        prefill_pairs = pairs - shape.decode_pairs
         per_layer = self._prefill_pair_flops * prefill_pairs + self._decode_pair_flops * shape.decode_pairs
         full = a.num_full_layers * per_layer
         if not a.num_sliding_layers:
             return full
         # A sliding layer's query attends to at most `sliding_window` keys.
-        windowed = np.minimum(1.0, shape.num_tokens * a.sliding_window / np.maximum(shape.attention_pairs, 1))
+        windowed = np.minimum(1.0, shape.num_tokens * a.sliding_window / np.maximum(pairs, 1))
         return full + a.num_sliding_layers * per_layer * windowed
 
     def kv_bytes(self, shape: StepShape):
@@ -184,7 +194,8 @@ class RooflineCostModel:
         kv_per_gpu = self.kv_bytes(shape) / a.kv_shards(n)
         attention_compute = compute
         if self._flash_attention:
-            attention_compute = self.hardware.attention_share(shape.mean_context) * self._host_compute_share * n
+            keys_per_query = self.attention_pairs(shape) / shape.num_tokens
+            attention_compute = self.hardware.attention_share(keys_per_query) * self._host_compute_share * n
         attention = np.maximum(self.attention_flops(shape) / (self.hardware.peak_flops * attention_compute),
                                kv_per_gpu / memory)
         between_gemms = self._activation_bytes * shape.num_tokens / memory
