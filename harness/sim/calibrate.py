@@ -56,8 +56,9 @@ def _profile(name: str) -> EngineProfile:
     return get_engine(name)
 
 
-def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
-    """The run's summary as the simulator predicts it with `params` (its engine's profile, the figures replaced)."""
+def replay_run(run: MeasuredRun, params: RooflineParams):
+    """The run's workload replayed on its simulated engine with `params` (its engine's profile, the figures
+    replaced): the engine, its records and cache kept."""
     config, arch, hardware = _described(run.model, run.hardware, run.quantization, run.kv_cache_dtype)
     profile = _profile(fixture_engine(run.setup)).overridden(asdict(params))
     if "async_scheduling" in run.setup:
@@ -97,6 +98,12 @@ def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
         frontend_latency_s=frontend_latency(params, run.endpoint) if run.served_over_http else 0.0,
         frontend_service_s=params.frontend_service_s if run.served_over_http else 0.0,
     )
+    return engine
+
+
+def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
+    """The run's summary as the simulator predicts it with `params` (its engine's profile, the figures replaced)."""
+    engine = replay_run(run, params)
     records = engine.records
     requests = metrics.requests_table(records)
     # Read the prediction as the run was measured: what the benchmark counted as TTFT 0 counts as 0 here too.

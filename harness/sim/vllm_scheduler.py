@@ -1,0 +1,124 @@
+"""The simulator's continuous batching, step for step beside vLLM's own V1 scheduler.
+
+A published burst (every request sent at once, as `vllm bench serve --request-rate inf` sends them) is scheduled
+twice with the same lengths, cache blocks and caps: by the simulator's `vllm` scheduler, the front end left out, and
+by vLLM's `Scheduler` class stepped with no model in vLLM's own environment (`vllm_scheduler_driver.py`). Scheduling
+does not depend on step times when nothing arrives mid-run, so the two step sequences should agree: a difference is
+the simulator scheduling otherwise than the engine it stands for, not a cost model's error.
+
+    python -m harness.sim.vllm_scheduler tests/fixtures/published/gpustack/gpustack-h100-qwen3-14b-vllm-random-2k.json
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harness.config import server_python
+from harness.core.replay import replay
+from harness.core.replica import build_replica
+from harness.sim.calibrate import default_params, replay_run
+from harness.sim.engine_profile import fixture_engine, get_engine
+from harness.sim.measured import MeasuredRun, load_measured_runs
+from harness.sim.replica import simulated_engine
+from harness.sim.runner import SimRunner
+from workloads import RequestSpec
+
+DRIVER = Path(__file__).with_name("vllm_scheduler_driver.py")
+COLUMNS = ["num_prefill_tokens", "num_decode_tokens", "num_seqs", "num_preempted"]
+
+
+class UnitSteps:
+    """Every step takes a second: when nothing arrives mid-run, step times decide nothing a scheduler does."""
+
+    def predict(self, shape) -> float:
+        return 1.0
+
+    def predict_many(self, shape) -> np.ndarray:  # [N]: a stretch of decode steps, its keys read growing
+        return np.ones(np.broadcast(shape.num_tokens, shape.kv_tokens_read).shape)
+
+    def overhead(self, shape, busy) -> float:
+        return 0.0
+
+
+def burst_of(run: MeasuredRun) -> dict:
+    """`run`'s burst as both schedulers take it: its lengths, the cache blocks and caps the simulator gives its
+    engine on its GPU, and prefix caching as it ran."""
+    if run.max_concurrency or any(spec.arrival_s for spec in run.requests):
+        raise ValueError(f"{run.name}: only a burst (every request sent at once, no max_concurrency) is scheduled "
+                         "independently of step times; this run's requests arrive over time")
+    if get_engine(fixture_engine(run.setup)).scheduler != "vllm":
+        raise ValueError(f"{run.name}: its engine ({fixture_engine(run.setup)}) does not schedule as vLLM does")
+    engine = replay_run(run, replace(default_params(run), frontend_latency_s=0.0, frontend_service_s=0.0,
+                                     chat_latency_s=0.0))
+    return {
+        "prompt_lens": [spec.prompt_len for spec in run.requests],
+        "output_lens": [spec.max_new_tokens for spec in run.requests],
+        "num_blocks": engine.allocator.num_blocks,
+        "block_size": engine.allocator.block_size,
+        "max_num_seqs": engine.strategy.max_num_seqs,
+        "max_num_batched_tokens": engine.strategy.max_batch_tokens,
+        "prefix_caching": run.prefix_caching,
+    }
+
+
+def simulator_steps(burst: dict) -> pd.DataFrame:
+    """The simulator's `vllm` scheduler's steps for `burst`, every request queued before the first step."""
+    engine = build_replica("continuous", {"max_num_seqs": burst["max_num_seqs"],
+                                          "max_batch_tokens": burst["max_num_batched_tokens"]},
+                           lambda allocator: SimRunner(UnitSteps()), num_blocks=burst["num_blocks"],
+                           block_size=burst["block_size"], max_model_len=1 << 30, engine_class=simulated_engine,
+                           prefix_caching=burst["prefix_caching"], scheduler="vllm")
+    specs = [RequestSpec(i, 0.0, (), output_len, prompt_len) for i, (prompt_len, output_len)
+             in enumerate(zip(burst["prompt_lens"], burst["output_lens"], strict=True))]
+    replay([engine], specs)
+    return engine.records.steps.frame()[COLUMNS].reset_index(drop=True)
+
+
+def vllm_steps(burst: dict, server_env: str = ".venv-vllm") -> pd.DataFrame:
+    """vLLM's scheduler's steps for `burst`, run by the interpreter of `server_env` (where vLLM is installed)."""
+    python = server_python(server_env)
+    if not python.is_file():
+        raise FileNotFoundError(f"no vLLM environment at {python.parent.parent} (bash scripts/install-vllm.sh)")
+    done = subprocess.run([str(python), str(DRIVER)], input=json.dumps(burst), capture_output=True, text=True)
+    if done.returncode:
+        last = done.stderr.strip().splitlines()[-1:] or ["no message"]
+        raise RuntimeError(f"vLLM's scheduler exited with code {done.returncode}: {last[0]}")
+    return pd.DataFrame(json.loads(done.stdout), columns=COLUMNS)
+
+
+def step_summary(steps: pd.DataFrame) -> dict[str, int]:
+    """What decides a run's time: how many steps of each kind, and the tokens they computed."""
+    prefill, decode = steps.num_prefill_tokens > 0, steps.num_decode_tokens > 0
+    return {"steps": len(steps), "mixed": int((prefill & decode).sum()), "prefill only": int((prefill & ~decode).sum()),
+            "decode only": int((decode & ~prefill).sum()), "prefill tokens": int(steps.num_prefill_tokens.sum()),
+            "decode tokens": int(steps.num_decode_tokens.sum()), "preemptions": int(steps.num_preempted.sum())}
+
+
+def compare(run: MeasuredRun, server_env: str = ".venv-vllm") -> pd.DataFrame:
+    """`run`'s burst scheduled by both, summarised side by side (one column each)."""
+    burst = burst_of(run)
+    ours, theirs = simulator_steps(burst), vllm_steps(burst, server_env)
+    return pd.DataFrame({"simulator": step_summary(ours), "vLLM": step_summary(theirs)})
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", help="measured bursts (vllm bench JSONs, published fixtures)")
+    parser.add_argument("--vllm-env", default=".venv-vllm", help="vLLM's environment (default: .venv-vllm)")
+    args = parser.parse_args(argv)
+    for run in load_measured_runs(args.runs):
+        try:
+            table = compare(run, args.vllm_env)
+        except (ValueError, FileNotFoundError, RuntimeError) as e:
+            sys.exit(f"vllm_scheduler: {e}")
+        print(f"{run.name}\n{table.to_string()}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""The simulator's `vllm` scheduler beside vLLM's own V1 scheduler (`harness.sim.vllm_scheduler`): a burst scheduled
+by both, step for step. Skips where vLLM is not installed (bash scripts/install-vllm.sh)."""
+
+import numpy as np
+import pytest
+
+from harness.config import server_python
+from harness.sim.measured import load_measured_runs
+from harness.sim.vllm_scheduler import burst_of, simulator_steps, step_summary, vllm_steps
+from tests.conftest import ROOT
+
+needs_vllm = pytest.mark.skipif(not server_python(".venv-vllm").is_file(),
+                                reason="vLLM is not installed (bash scripts/install-vllm.sh)")
+PUBLISHED = ROOT / "tests/fixtures/published/gpustack"
+
+
+def burst(num_blocks: int, prefix_caching: bool) -> dict:
+    """40 requests of 16-300 prompt and 1-60 output tokens under 8 sequences and 128 tokens a step: chunked
+    prefills beside decodes, requests finishing and replaced, and with few blocks, preemptions."""
+    rng = np.random.default_rng(1)
+    return {"prompt_lens": rng.integers(16, 300, 40).tolist(), "output_lens": rng.integers(1, 60, 40).tolist(),
+            "block_size": 16, "max_num_seqs": 8, "max_num_batched_tokens": 128, "num_blocks": num_blocks,
+            "prefix_caching": prefix_caching}
+
+
+@needs_vllm
+@pytest.mark.parametrize("num_blocks, prefix_caching", [(400, False), (60, True)],
+                         ids=["cache-holds-all", "preempting-with-prefix-cache"])
+def test_the_simulator_schedules_a_burst_step_for_step_as_vllm_does(num_blocks, prefix_caching):
+    work = burst(num_blocks, prefix_caching)
+    ours, theirs = simulator_steps(work), vllm_steps(work)
+    summary = step_summary(ours)
+    assert summary["mixed"] > 20  # chunked prefills beside decodes, the steps whose make-up matters
+    # The case it names: none preempted while the cache holds every request; else many, recomputing through the cache.
+    assert (summary["preemptions"] > 10) == (num_blocks < 100)
+    # Every step: prefill tokens, decode tokens, sequences, sequences preempted.
+    assert ours.values.tolist() == theirs.values.tolist()
+
+
+@pytest.mark.parametrize("fixture, refusal", [("gpustack-h100-qwen3-8b-vllm-bs4", "only a burst"),
+                                              ("gpustack-h100-qwen3-14b-sglang-sharegpt-1000", "does not schedule as")])
+def test_only_a_vllm_burst_is_compared_step_for_step(fixture, refusal):
+    # A closed loop's sends wait on finishes, which wait on step times; SGLang's scheduler is not vLLM's.
+    with pytest.raises(ValueError, match=refusal):
+        burst_of(load_measured_runs([str(PUBLISHED / f"{fixture}.json")])[0])
