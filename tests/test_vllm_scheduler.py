@@ -24,8 +24,8 @@ def burst(num_blocks: int, prefix_caching: bool) -> dict:
 
 
 @needs_vllm
-@pytest.mark.parametrize("num_blocks, prefix_caching", [(400, False), (60, True)],
-                         ids=["cache-holds-all", "preempting-with-prefix-cache"])
+@pytest.mark.parametrize("num_blocks, prefix_caching", [(400, False), (60, True), (40, False)],
+                         ids=["cache-holds-all", "preempting-with-prefix-cache", "preempted-mid-recompute"])
 def test_the_simulator_schedules_a_burst_step_for_step_as_vllm_does(num_blocks, prefix_caching):
     work = burst(num_blocks, prefix_caching)
     ours, theirs = simulator_steps(work), vllm_steps(work)

@@ -2,8 +2,8 @@
 
 Reads a burst from stdin as JSON ({"prompt_lens", "output_lens", "num_blocks", "block_size", "max_num_seqs",
 "max_num_batched_tokens", "prefix_caching"}), adds every request at once, and steps the scheduler until all finish:
-each step's plan is answered with one sampled token for every request whose prompt is computed (as the model
-runner would), so only scheduling decides what each step holds. Writes one row a step to stdout as JSON: [prefill
+each step's plan is answered with one sampled token for every request whose tokens are all computed (as the
+model runner would), so only scheduling decides what each step holds. Writes one row a step to stdout as JSON: [prefill
 tokens, decode tokens, sequences, sequences preempted]. Imports nothing of this project: vLLM's environment has
 none of it.
 """
@@ -76,8 +76,9 @@ def step_all(scheduler: Scheduler, hasher, burst: dict) -> list[list[int]]:
             continue
         ids = list(scheduled)
         requests = [scheduler.requests[i] for i in ids]
-        # schedule() has advanced each request's computed tokens: one whose prompt is all computed samples a token.
-        sampled = [[rng.randrange(1000)] if r.num_computed_tokens >= r.num_prompt_tokens else [] for r in requests]
+        # schedule() has advanced each request's computed tokens: one with all its tokens computed samples the next
+        # (a prompt's last chunk, a decode; a preempted request only once it has recomputed its outputs too).
+        sampled = [[rng.randrange(1000)] if r.num_computed_tokens >= r.num_tokens else [] for r in requests]
         decode = sum(1 for i, r in zip(ids, requests) if scheduled[i] == 1 and r.num_output_tokens > 0)
         preempted = sum(1 for i in running if scheduler.requests[i].status == RequestStatus.PREEMPTED)
         rows.append([sum(scheduled.values()) - decode, decode, len(ids), preempted])
