@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from harness.architecture import KV_DTYPES, QUANTIZATIONS
 from harness.model_spec import DTYPE_BYTES, read_model_config
 from harness.sim.engine_profile import DEFAULT_ENGINE, get_engine
-from strategies.continuous import ORDERS
+from strategies.continuous import ADMISSIONS, ORDERS
 from workloads.config import Count, Number, Positive, Seed, Strict, WorkloadConfig, one_line, plain_config
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -59,6 +59,7 @@ class ContinuousConfig(Strict):
     max_num_seqs: Cap
     max_prefill_chunk: Count | None = None
     order: Literal[ORDERS] = "decode_first"
+    admission: Literal[ADMISSIONS] = "next_chunk"
 
 
 StrategyConfig = Annotated[StaticConfig | DynamicConfig | ContinuousConfig, Field(discriminator="name")]

@@ -158,6 +158,9 @@ class KVBlocks(Protocol):
     def allocate(self, request: Request, num_tokens: int, num_cached_tokens: int = 0) -> bool:
         """Hold slots for `num_tokens` of the request's tokens, its first `num_cached_tokens` from the cache."""
 
+    def fits(self, request: Request, num_tokens: int, num_cached_tokens: int = 0) -> bool:
+        """Whether `allocate` would hold `num_tokens` slots for a request about to enter, holding nothing."""
+
     def free(self, request: Request) -> None: ...
 
 

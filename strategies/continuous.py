@@ -6,11 +6,16 @@ from collections.abc import Sequence
 from strategies.base import BatchPlan, KVBlocks, Request, ScheduledChunk, Strategy
 
 ORDERS = ("decode_first", "prefill_first")
+# When a waiting prompt may enter: once the blocks of its next chunk are free (vLLM 0.10-0.19), or only once all of
+# it fits (vLLM 0.20 and later, `scheduler_reserve_full_isl`, vllm-project/vllm PR #37307), so that a long prompt
+# is not admitted into a nearly full cache only to be preempted chunks later.
+ADMISSIONS = ("next_chunk", "whole_prompt")
 
 
 class ContinuousBatching(Strategy):
     """Each step: every running request's next tokens under the budget `max_batch_tokens` (decodes first by
-    default), then waiting requests' prompts, chunked to fit, each from the end of its cached prefix. Blocks are
+    default), then waiting requests' prompts, chunked to fit, each from the end of its cached prefix, entering as
+    `admission` says. Blocks are
     allocated as tokens are computed and freed the moment a request finishes. When the cache runs out, the newest
     running request is preempted and will recompute its tokens later (less what the prefix cache still holds); no
     request is dropped.
@@ -19,14 +24,17 @@ class ContinuousBatching(Strategy):
     name = "continuous"
 
     def __init__(self, kv: KVBlocks, max_batch_tokens: int, max_num_seqs: int,
-                 max_prefill_chunk: int | None = None, order: str = "decode_first"):
+                 max_prefill_chunk: int | None = None, order: str = "decode_first", admission: str = "next_chunk"):
         super().__init__(kv)
         if order not in ORDERS:
             raise ValueError(f"strategy.order must be one of {ORDERS}, got {order!r}")
+        if admission not in ADMISSIONS:
+            raise ValueError(f"strategy.admission must be one of {ADMISSIONS}, got {admission!r}")
         self.max_batch_tokens = max_batch_tokens
         self.max_num_seqs = max_num_seqs
         self.max_prefill_chunk = max_prefill_chunk or max_batch_tokens
         self.order = order
+        self.admission = admission
 
     @property
     def max_concurrency(self) -> int:
@@ -68,6 +76,8 @@ class ContinuousBatching(Strategy):
                 if budget == 0 or len(staying) + len(admitted) >= self.max_num_seqs:
                     break
                 cached = self.kv.num_cached_tokens(request)
+                if self.admission == "whole_prompt" and not self.kv.fits(request, request.num_tokens, cached):
+                    break
                 num_new = self.num_new_tokens(request, cached, budget)
                 if not self.kv.allocate(request, cached + num_new, cached):
                     break

@@ -55,7 +55,8 @@ def ratio_after_retraction(num_output_tokens: int, num_requests: int, max_new_to
 
 class SGLangBatching(ContinuousBatching):
     """SGLang's continuous batching (see the module docstring); the options are `ContinuousBatching`'s, its
-    `order` unused (prefill batches always come first and run alone)."""
+    `order` unused (prefill batches always come first and run alone) and `admission` too (a prompt enters only with
+    room for all of it and its expected output, as the module docstring says)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -230,6 +230,7 @@ def test_profile_then_simulate(tmp_path):
     ("static", dict(batch_size=4), "vllm"), ("dynamic", dict(batch_size=4), "vllm"),
     ("continuous", dict(max_batch_tokens=24, max_num_seqs=4), "vllm"),
     ("continuous", dict(max_batch_tokens=20, max_num_seqs=6, max_prefill_chunk=7), "vllm"),
+    ("continuous", dict(max_batch_tokens=24, max_num_seqs=4, admission="whole_prompt"), "vllm"),
     ("continuous", dict(max_batch_tokens=24, max_num_seqs=6), "sglang"),
     ("continuous", dict(max_batch_tokens=24, max_num_seqs=10, max_prefill_chunk=12), "sglang")])
 @pytest.mark.parametrize("replicas,max_concurrency,prefix_caching", [(1, None, False), (3, 5, False), (1, None, True),

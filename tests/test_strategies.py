@@ -56,6 +56,21 @@ def test_continuous_schedules_decodes_before_prefill():
     assert plan.chunks[-1].request.request_id == 9
 
 
+@pytest.mark.parametrize("admission, enters", [("next_chunk", True), ("whole_prompt", False)])
+def test_whole_prompt_admission_waits_for_room_for_all_of_a_prompt(admission, enters):
+    # 10 blocks of 4 slots, 8 held by two decoders: a 40-token prompt's 6-token chunk fits, all of it does not.
+    allocator = BlockAllocator(num_blocks=10, block_size=4)
+    strategy = ContinuousBatching(allocator, max_batch_tokens=8, max_num_seqs=8, admission=admission)
+    running = [decoding_request(i, prompt_len=13, num_output=2) for i in range(2)]
+    for r in running:
+        allocator.allocate(r, r.num_computed_tokens + 1)
+    waiting = deque([Request(request_id=9, arrival_s=0.0, token_ids=[1] * 40, num_prompt_tokens=40,
+                             max_new_tokens=3)])
+    plan = strategy.schedule(waiting, running)
+    assert [c.num_tokens for c in plan.chunks] == ([1, 1, 6] if enters else [1, 1])
+    assert not plan.preempted and (plan.admitted == [waiting[0]]) == enters
+
+
 def test_static_padding_is_idle_rows_plus_left_padding():
     lengths = [(10, 3), (4, 8), (7, 5)]
     records, runner, _ = run_schedule(make_specs(lengths), "static", batch_size=3)

@@ -133,14 +133,11 @@ class BlockAllocator(CachePool):
             if len(table) * self.block_size >= num_tokens:
                 return True  # the common case: a decode token that fits in the last block
             return self._grow(table, self.num_blocks_for(num_tokens) - len(table))
-        hits = []
-        if self.prefix is not None:
-            hits = self.prefix.match(self._hashes_of(request)[:num_cached_tokens // self.block_size])
-            assert len(hits) * self.block_size == num_cached_tokens, "cached tokens not looked up just before"
+        hits = self._hits(request, num_cached_tokens)
+        if not self._fits(hits, num_tokens):
+            return False
         table = []
         missing = self.num_blocks_for(num_tokens) - len(hits)
-        if missing + (self.prefix.num_reviving(hits) if hits else 0) > self.num_free_blocks:
-            return False
         for block in hits:
             self.prefix.hold(block)
         table.extend(hits)
@@ -149,6 +146,23 @@ class BlockAllocator(CachePool):
         if self.prefix is not None:
             self._num_named[request.request_id] = len(hits)
         return True
+
+    def fits(self, request: Request, num_tokens: int, num_cached_tokens: int = 0) -> bool:
+        """Whether `allocate` would hold `num_tokens` slots for `request`, about to enter, holding nothing."""
+        return self._fits(self._hits(request, num_cached_tokens), num_tokens)
+
+    def _hits(self, request: Request, num_cached_tokens: int) -> list[int]:
+        """The cached blocks of the request's first `num_cached_tokens` (from `num_cached_tokens`)."""
+        if self.prefix is None:
+            return []
+        hits = self.prefix.match(self._hashes_of(request)[:num_cached_tokens // self.block_size])
+        assert len(hits) * self.block_size == num_cached_tokens, "cached tokens not looked up just before"
+        return hits
+
+    def _fits(self, hits: list[int], num_tokens: int) -> bool:
+        # Cached blocks no request holds count as free: taking them back uses those up too.
+        missing = self.num_blocks_for(num_tokens) - len(hits)
+        return missing + (self.prefix.num_reviving(hits) if hits else 0) <= self.num_free_blocks
 
     def _grow(self, table: list[int], missing: int) -> bool:
         if missing > self.num_free_blocks:

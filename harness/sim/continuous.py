@@ -78,6 +78,8 @@ class SimContinuous(SimEngine):
         if not preempted:  # preempting means the cache is full: admitting now would only preempt again
             while self.waiting and budget and len(self.running) < self.strategy.max_num_seqs:
                 request = self.waiting[0]
+                if not self._admissible(request):
+                    break
                 cached = self._cached_prefix(request)
                 num_new = self.strategy.num_new_tokens(request, cached, budget)
                 needed = self.allocator.num_blocks_for(cached + num_new)  # its cached blocks were free ones
@@ -146,8 +148,14 @@ class SimContinuous(SimEngine):
         budget = self.strategy.max_batch_tokens - len(self.decoders)
         request = self.waiting[0]
         cached = self._cached_prefix(request)
-        return budget > 0 and self.allocator.num_blocks_for(
+        return budget > 0 and self._admissible(request) and self.allocator.num_blocks_for(
             cached + self.strategy.num_new_tokens(request, cached, budget)) <= self.allocator.num_free_blocks
+
+    def _admissible(self, request: Request) -> bool:
+        """Whether the strategy's admission lets `request` in now, its next chunk's blocks aside: with
+        `whole_prompt`, all of its tokens must fit (its own cached blocks among the free ones)."""
+        return (self.strategy.admission == "next_chunk"
+                or self.allocator.num_blocks_for(request.num_tokens) <= self.allocator.num_free_blocks)
 
     def _preempt_newest(self, step: int) -> tuple[Request, bool]:
         """Evict the newest running request: its cache goes, and it will recompute its tokens from the queue.

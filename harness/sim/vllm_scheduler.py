@@ -27,6 +27,7 @@ from harness.sim.engine_profile import fixture_engine, get_engine
 from harness.sim.measured import MeasuredRun, load_measured_runs
 from harness.sim.replica import simulated_engine
 from harness.sim.runner import SimRunner
+from strategies.continuous import ADMISSIONS
 from workloads import RequestSpec
 
 DRIVER = Path(__file__).with_name("vllm_scheduler_driver.py")
@@ -64,13 +65,15 @@ def burst_of(run: MeasuredRun) -> dict:
         "max_num_seqs": engine.strategy.max_num_seqs,
         "max_num_batched_tokens": engine.strategy.max_batch_tokens,
         "prefix_caching": run.prefix_caching,
+        "admission": "next_chunk",  # the V1 engines of 0.10-0.19 that published runs used (`vllm-v1`)
     }
 
 
 def simulator_steps(burst: dict) -> pd.DataFrame:
     """The simulator's `vllm` scheduler's steps for `burst`, every request queued before the first step."""
     engine = build_replica("continuous", {"max_num_seqs": burst["max_num_seqs"],
-                                          "max_batch_tokens": burst["max_num_batched_tokens"]},
+                                          "max_batch_tokens": burst["max_num_batched_tokens"],
+                                          "admission": burst["admission"]},
                            lambda allocator: SimRunner(UnitSteps()), num_blocks=burst["num_blocks"],
                            block_size=burst["block_size"], max_model_len=1 << 30, engine_class=simulated_engine,
                            prefix_caching=burst["prefix_caching"], scheduler="vllm")
@@ -100,9 +103,10 @@ def step_summary(steps: pd.DataFrame) -> dict[str, int]:
             "decode tokens": int(steps.num_decode_tokens.sum()), "preemptions": int(steps.num_preempted.sum())}
 
 
-def compare(run: MeasuredRun, server_env: str = ".venv-vllm") -> pd.DataFrame:
-    """`run`'s burst scheduled by both, summarised side by side (one column each)."""
-    burst = burst_of(run)
+def compare(run: MeasuredRun, server_env: str = ".venv-vllm", admission: str | None = None) -> pd.DataFrame:
+    """`run`'s burst scheduled by both, summarised side by side (one column each); `admission` in place of the
+    run's engine's."""
+    burst = burst_of(run) | ({"admission": admission} if admission else {})
     ours, theirs = simulator_steps(burst), vllm_steps(burst, server_env)
     return pd.DataFrame({"simulator": step_summary(ours), "vLLM": step_summary(theirs)})
 
@@ -111,10 +115,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="measured bursts (vllm bench JSONs, published fixtures)")
     parser.add_argument("--vllm-env", default=".venv-vllm", help="vLLM's environment (default: .venv-vllm)")
+    parser.add_argument("--admission", choices=ADMISSIONS,
+                        help="when a prompt enters, in both (default: the run's engine's, next_chunk)")
     args = parser.parse_args(argv)
     for run in load_measured_runs(args.runs):
         try:
-            table = compare(run, args.vllm_env)
+            table = compare(run, args.vllm_env, args.admission)
         except (ValueError, FileNotFoundError, RuntimeError) as e:
             sys.exit(f"vllm_scheduler: {e}")
         print(f"{run.name}\n{table.to_string()}\n")

@@ -1,11 +1,11 @@
 """vLLM's own V1 scheduler stepped with no model, run by vLLM's interpreter (`harness.sim.vllm_scheduler` starts it).
 
 Reads a burst from stdin as JSON ({"prompt_lens", "output_lens", "num_blocks", "block_size", "max_num_seqs",
-"max_num_batched_tokens", "prefix_caching"}), adds every request at once, and steps the scheduler until all finish:
-each step's plan is answered with one sampled token for every request whose tokens are all computed (as the
-model runner would), so only scheduling decides what each step holds. Writes one row a step to stdout as JSON: [prefill
-tokens, decode tokens, sequences, sequences preempted]. Imports nothing of this project: vLLM's environment has
-none of it.
+"max_num_batched_tokens", "prefix_caching", "admission"}), adds every request at once, and steps the scheduler
+until all finish: each step's plan is answered with one sampled token for every request whose tokens are all
+computed (as the model runner would), so only scheduling decides what each step holds. Writes one row a step to
+stdout as JSON: [prefill tokens, decode tokens, sequences, sequences preempted]. Imports nothing of this project:
+vLLM's environment has none of it.
 """
 
 import json
@@ -39,10 +39,13 @@ def build_scheduler(burst: dict, model_dir: str) -> tuple[Scheduler, object]:
                                        max_num_batched_tokens=burst["max_num_batched_tokens"],
                                        max_model_len=MAX_MODEL_LEN, enable_chunked_prefill=True,
                                        is_encoder_decoder=False)
+    # vLLM 0.20 and later admit a prompt only once all of it fits (vllm-project/vllm PR #37307); 0.10-0.19 admitted
+    # one whose next chunk fits. The burst says which (`admission`, as the simulator's strategy takes it).
+    whole_prompt = burst["admission"] == "whole_prompt"
     if hasattr(scheduler_config, "scheduler_reserve_full_isl"):
-        # vLLM 0.20 and later admit a prompt only if all of it fits (vllm-project/vllm PR #37307); the engine the
-        # simulator's `vllm` scheduler stands for (0.10-0.19) admitted one whose next chunk fits.
-        scheduler_config.scheduler_reserve_full_isl = False
+        scheduler_config.scheduler_reserve_full_isl = whole_prompt
+    elif whole_prompt:
+        sys.exit("this vLLM predates whole-prompt admission (scheduler_reserve_full_isl, vLLM 0.20)")
     cache = CacheConfig(block_size=block_size, enable_prefix_caching=burst["prefix_caching"])
     num_blocks = burst["num_blocks"] + 1  # vLLM's block pool keeps one as its null block: the same number usable
     cache.num_gpu_blocks = num_blocks
