@@ -15,10 +15,9 @@ ADMISSIONS = ("next_chunk", "whole_prompt")
 class ContinuousBatching(Strategy):
     """Each step: every running request's next tokens under the budget `max_batch_tokens` (decodes first by
     default), then waiting requests' prompts, chunked to fit, each from the end of its cached prefix, entering as
-    `admission` says. Blocks are
-    allocated as tokens are computed and freed the moment a request finishes. When the cache runs out, the newest
-    running request is preempted and will recompute its tokens later (less what the prefix cache still holds); no
-    request is dropped.
+    `admission` says. Blocks are allocated as tokens are computed and freed the moment a request finishes. When the
+    cache runs out, the newest running request is preempted and will recompute its tokens later (less what the
+    prefix cache still holds); no request is dropped.
     """
 
     name = "continuous"

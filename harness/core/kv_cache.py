@@ -152,7 +152,7 @@ class BlockAllocator(CachePool):
         return self._fits(self._hits(request, num_cached_tokens), num_tokens)
 
     def _hits(self, request: Request, num_cached_tokens: int) -> list[int]:
-        """The cached blocks of the request's first `num_cached_tokens` (from `num_cached_tokens`)."""
+        """The cached blocks of the request's first `num_cached_tokens`, as `num_cached_tokens()` just found them."""
         if self.prefix is None:
             return []
         hits = self.prefix.match(self._hashes_of(request)[:num_cached_tokens // self.block_size])
