@@ -2,11 +2,12 @@
 by both, step for step. Skips where vLLM is not installed (bash scripts/install-vllm.sh)."""
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from harness.config import server_python
 from harness.sim.measured import load_measured_runs
-from harness.sim.vllm_scheduler import burst_of, simulator_steps, step_summary, vllm_steps
+from harness.sim.vllm_scheduler import COLUMNS, burst_of, first_difference, simulator_steps, step_summary, vllm_steps
 from tests.conftest import ROOT
 
 needs_vllm = pytest.mark.skipif(not server_python(".venv-vllm").is_file(),
@@ -47,3 +48,12 @@ def test_only_a_vllm_burst_is_compared_step_for_step(fixture, refusal):
     # A closed loop's sends wait on finishes, which wait on step times; SGLang's scheduler is not vLLM's.
     with pytest.raises(ValueError, match=refusal):
         burst_of(load_measured_runs([str(PUBLISHED / f"{fixture}.json")])[0])
+
+
+def test_the_first_step_two_schedules_part_at_is_found():
+    steps = pd.DataFrame([[128, 0, 1, 0], [120, 8, 9, 0], [0, 9, 9, 0]], columns=COLUMNS)
+    assert first_difference(steps, steps.copy()) is None
+    other = steps.copy()
+    other.iloc[1, 3] = 1  # the same tokens, but a preemption
+    assert first_difference(steps, other) == 1
+    assert first_difference(steps, steps.iloc[:2]) == 2  # one ran a step the other did not

@@ -103,12 +103,27 @@ def step_summary(steps: pd.DataFrame) -> dict[str, int]:
             "decode tokens": int(steps.num_decode_tokens.sum()), "preemptions": int(steps.num_preempted.sum())}
 
 
-def compare(run: MeasuredRun, server_env: str = ".venv-vllm", admission: str | None = None) -> pd.DataFrame:
-    """`run`'s burst scheduled by both, summarised side by side (one column each); `admission` in place of the
-    run's engine's."""
+def first_difference(ours: pd.DataFrame, theirs: pd.DataFrame) -> int | None:
+    """The first step at which two schedules differ (a step only one of them has counts), or None: the same."""
+    n = min(len(ours), len(theirs))
+    differs = (ours.to_numpy()[:n] != theirs.to_numpy()[:n]).any(axis=1)  # [n]
+    if differs.any():
+        return int(differs.argmax())
+    return None if len(ours) == len(theirs) else n
+
+
+def compare(run: MeasuredRun, server_env: str = ".venv-vllm",
+            admission: str | None = None) -> tuple[pd.DataFrame, str]:
+    """`run`'s burst scheduled by both, summarised side by side (one column each), and where they first part;
+    `admission` in place of the run's engine's."""
     burst = burst_of(run) | ({"admission": admission} if admission else {})
     ours, theirs = simulator_steps(burst), vllm_steps(burst, server_env)
-    return pd.DataFrame({"simulator": step_summary(ours), "vLLM": step_summary(theirs)})
+    table = pd.DataFrame({"simulator": step_summary(ours), "vLLM": step_summary(theirs)})
+    step = first_difference(ours, theirs)
+    if step is None:
+        return table, "identical step for step"
+    rows = [str(steps.iloc[step].tolist()) if step < len(steps) else "no step" for steps in (ours, theirs)]
+    return table, f"the two first differ at step {step} ({', '.join(COLUMNS)}): simulator {rows[0]}, vLLM {rows[1]}"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -120,10 +135,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     for run in load_measured_runs(args.runs):
         try:
-            table = compare(run, args.vllm_env, args.admission)
+            table, verdict = compare(run, args.vllm_env, args.admission)
         except (ValueError, FileNotFoundError, RuntimeError) as e:
             sys.exit(f"vllm_scheduler: {e}")
-        print(f"{run.name}\n{table.to_string()}\n")
+        print(f"{run.name}\n{table.to_string()}\n{verdict}\n")
 
 
 if __name__ == "__main__":
