@@ -56,9 +56,9 @@ def _profile(name: str) -> EngineProfile:
     return get_engine(name)
 
 
-def replay_run(run: MeasuredRun, params: RooflineParams):
-    """The run's workload replayed on its simulated engine with `params` (its engine's profile, the figures
-    replaced): the engine, its records and cache kept."""
+def run_replica(run: MeasuredRun, params: RooflineParams):
+    """The simulated engine that replays `run` with `params` (its engine's profile, the figures replaced): its cost
+    model, caps and cache as the run's GPU gives them, nothing run yet."""
     config, arch, hardware = _described(run.model, run.hardware, run.quantization, run.kv_cache_dtype)
     profile = _profile(fixture_engine(run.setup)).overridden(asdict(params))
     if "async_scheduling" in run.setup:
@@ -74,7 +74,7 @@ def replay_run(run: MeasuredRun, params: RooflineParams):
         "max_batch_tokens": run.max_num_batched_tokens or default_tokens,
         "order": run.setup.get("order", "decode_first"),
     }
-    engine = build_replica(
+    return build_replica(
         "continuous",
         options,
         lambda allocator: SimRunner(costs),
@@ -91,6 +91,11 @@ def replay_run(run: MeasuredRun, params: RooflineParams):
         prefix_caching=run.prefix_caching,
         scheduler=profile.scheduler,
     )
+
+
+def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
+    """The run's summary as the simulator predicts it with `params` (its engine's profile, the figures replaced)."""
+    engine = run_replica(run, params)
     replay(
         [engine],
         run.requests,
@@ -98,12 +103,6 @@ def replay_run(run: MeasuredRun, params: RooflineParams):
         frontend_latency_s=frontend_latency(params, run.endpoint) if run.served_over_http else 0.0,
         frontend_service_s=params.frontend_service_s if run.served_over_http else 0.0,
     )
-    return engine
-
-
-def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
-    """The run's summary as the simulator predicts it with `params` (its engine's profile, the figures replaced)."""
-    engine = replay_run(run, params)
     records = engine.records
     requests = metrics.requests_table(records)
     # Read the prediction as the run was measured: what the benchmark counted as TTFT 0 counts as 0 here too.

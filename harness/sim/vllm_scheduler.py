@@ -13,7 +13,6 @@ import argparse
 import json
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ import pandas as pd
 from harness.config import server_python
 from harness.core.replay import replay
 from harness.core.replica import build_replica
-from harness.sim.calibrate import default_params, replay_run
+from harness.sim.calibrate import default_params, run_replica
 from harness.sim.engine_profile import fixture_engine, get_engine
 from harness.sim.measured import MeasuredRun, load_measured_runs
 from harness.sim.replica import simulated_engine
@@ -55,8 +54,7 @@ def burst_of(run: MeasuredRun) -> dict:
                          "independently of step times; this run's requests arrive over time")
     if get_engine(fixture_engine(run.setup)).scheduler != "vllm":
         raise ValueError(f"{run.name}: its engine ({fixture_engine(run.setup)}) does not schedule as vLLM does")
-    engine = replay_run(run, replace(default_params(run), frontend_latency_s=0.0, frontend_service_s=0.0,
-                                     chat_latency_s=0.0))
+    engine = run_replica(run, default_params(run))  # built, not run: only its cache and caps are read
     return {
         "prompt_lens": [spec.prompt_len for spec in run.requests],
         "output_lens": [spec.max_new_tokens for spec in run.requests],
