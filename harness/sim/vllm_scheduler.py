@@ -73,7 +73,8 @@ def simulator_steps(burst: dict) -> pd.DataFrame:
                                           "max_batch_tokens": burst["max_num_batched_tokens"],
                                           "admission": burst["admission"]},
                            lambda allocator: SimRunner(UnitSteps()), num_blocks=burst["num_blocks"],
-                           block_size=burst["block_size"], max_model_len=1 << 30, engine_class=simulated_engine,
+                           block_size=burst["block_size"], max_model_len=1 << 30,  # caps nothing, as the driver's
+                           engine_class=simulated_engine,
                            prefix_caching=burst["prefix_caching"], scheduler="vllm")
     specs = [RequestSpec(i, 0.0, (), output_len, prompt_len) for i, (prompt_len, output_len)
              in enumerate(zip(burst["prompt_lens"], burst["output_lens"], strict=True))]

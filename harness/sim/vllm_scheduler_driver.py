@@ -24,7 +24,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
-MAX_MODEL_LEN = 1 << 17
+MAX_MODEL_LEN = 1 << 17  # longer than any request of a published burst (32,000-token prompts): it caps nothing
 # A model vLLM can describe without weights or a tokenizer: the scheduler reads only its lengths and cache shape.
 TINY_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64,
                "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
