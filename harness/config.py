@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from harness.architecture import KV_DTYPES, QUANTIZATIONS
+from harness.core.kv_cache import EVICTION_ORDERS
 from harness.model_spec import DTYPE_BYTES, read_model_config
 from harness.sim.engine_profile import DEFAULT_ENGINE, get_engine
 from strategies.continuous import ADMISSIONS, ORDERS
@@ -261,6 +262,8 @@ class KVCacheConfig(Strict):
     num_blocks: Literal["auto"] | Count = "auto"
     memory_fraction: Literal["auto"] | Fraction = "auto"  # auto: the engine's default (vLLM's 0.9)
     prefix_caching: bool = True  # reuse cached prompt prefixes, as vLLM's V1 engine does by default
+    # Which free block is handed out next (a cached one is evicted): auto, the engine's (harness.core.kv_cache).
+    eviction: Literal["auto", *EVICTION_ORDERS] = "auto"
     dtype: Literal[KV_DTYPES] = "auto"  # the cache's format; auto: the compute dtype (runner=sim takes fp8)
 
 

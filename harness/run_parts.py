@@ -63,7 +63,7 @@ def configured_replica(cfg: RunConfig, make_runner, num_blocks: int, max_model_l
         engine = build_replica(cfg.strategy.name, options, make_runner, num_blocks=num_blocks,
                                block_size=cfg.kv_cache.block_size, max_model_len=max_model_len, eos_token_ids=eos,
                                engine_class=engine_class, prefix_caching=cfg.kv_cache.prefix_caching,
-                               scheduler=scheduler)
+                               scheduler=scheduler, eviction=cfg.kv_cache.eviction)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     engine.caps_source = f"{', '.join(auto)} from {whose}" if auto else "as configured"

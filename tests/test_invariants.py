@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.core.engine import Engine
+from harness.core.kv_cache import EVICTION_ORDERS
 from harness.core.replay import replay
 from harness.core.replica import build_replica
 from harness.sim.replica import simulated_engine
@@ -38,6 +39,7 @@ def scenarios(draw):
     gaps = draw(st.lists(st.sampled_from([0.0, 0.0, 0.001, 0.01, 0.05, 0.3]), min_size=n, max_size=n))
     arrivals = [sum(gaps[:i + 1]) for i in range(n)]
     prefix_caching = draw(st.booleans())  # shared prefixes come with a smaller cache: hits, evictions, preemption
+    eviction = draw(st.sampled_from(["auto", *EVICTION_ORDERS]))
     # Shared prefixes (one of a few, or none) as pieces with matching ids; or every prompt its own.
     shared = prefix_caching and draw(st.booleans())
     prefixes = draw(st.lists(st.integers(0, 40), min_size=n, max_size=n)) if shared else [0] * n
@@ -50,7 +52,7 @@ def scenarios(draw):
         pieces = ((k, shared_len),) if shared_len else ()
         specs.append(RequestSpec(i, arrivals[i], ids, m, prefix_pieces=pieces))
     return {
-        "prefix_caching": prefix_caching, "shared": shared,
+        "prefix_caching": prefix_caching, "eviction": eviction, "shared": shared,
         "strategy": strategy, "scheduler": scheduler, "options": options, "specs": specs,
         "block_size": draw(st.integers(1, 16)), "num_blocks": draw(st.integers(concurrency, 48 if shared else 160)),
         "max_model_len": draw(st.integers(8, 128)), "replicas": draw(st.integers(1, 3)),
@@ -64,7 +66,8 @@ def run(scenario: dict, engine_class) -> list:
     engines = [build_replica(scenario["strategy"], scenario["options"], lambda a: SimRunner(scenario["cost"]),
                              num_blocks=scenario["num_blocks"], block_size=scenario["block_size"],
                              max_model_len=scenario["max_model_len"], engine_class=engine_class,
-                             prefix_caching=scenario["prefix_caching"], scheduler=scenario["scheduler"])
+                             prefix_caching=scenario["prefix_caching"], scheduler=scenario["scheduler"],
+                             eviction=scenario["eviction"])
                for _ in range(scenario["replicas"])]
     route = ROUTERS[scenario["router"]]() if len(engines) > 1 else None
     replay(engines, scenario["specs"], route, max_concurrency=scenario["max_concurrency"])
@@ -91,11 +94,11 @@ def check_invariants(scenario: dict) -> None:
     for engine in engines:
         assert engine.allocator.num_used_blocks == 0  # no leak
         prefix = engine.allocator.prefix
-        if prefix is not None:  # every reference given back; each block either free or cached, never both
+        if prefix is not None:  # every reference given back; every block free, each cached one named once
             assert all(count == 0 for count in prefix.ref_counts.values())
-            assert set(prefix.evictable) == set(prefix.hash_of) == set(prefix.block_of.values())
-            assert not set(prefix.evictable) & set(engine.allocator._free)
-            assert len(engine.allocator._free) + len(prefix.evictable) == scenario["num_blocks"]
+            assert set(prefix.hash_of) == set(prefix.block_of.values()) <= set(engine.allocator._free)
+            assert len(prefix.hash_of) == len(prefix.block_of)
+        assert sorted(engine.allocator._free) == list(range(scenario["num_blocks"]))  # each block once
         assert not engine.waiting and not engine.running
         steps = list(engine.records.steps.frame().itertuples())
         for s, after in zip(steps, steps[1:]):  # the clock only moves forward, by each step's duration at least

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from harness.config import compose_config
-from harness.core.kv_cache import BlockAllocator
+from harness.core.kv_cache import CACHE_POLICIES, BlockAllocator
 from harness.core.prefix_cache import prompt_block_hashes
 from harness.core.replay import replay
 from harness.core.replica import build_replica
@@ -70,8 +70,10 @@ def test_a_request_reuses_the_cached_prefix_never_its_last_token_and_shares_by_r
     assert all(count == 0 for count in allocator.prefix.ref_counts.values())
 
 
-def test_free_blocks_go_first_then_the_least_recently_used_prefix_its_last_block_first():
-    allocator = BlockAllocator(num_blocks=6, block_size=2, prefix_caching=True)
+@pytest.mark.parametrize("engine, evictions, old_cached", [("vllm", 2, 0), ("sglang", 1, 2)])
+def test_free_blocks_are_handed_out_in_the_engines_order_a_prefix_its_last_block_first(engine, evictions,
+                                                                                        old_cached):
+    allocator = BlockAllocator(num_blocks=6, block_size=2, prefix_caching=True, policy=CACHE_POLICIES[engine])
     old, new = request(0, [1, 2, 3, 4, 5]), request(1, [6, 7, 8, 9, 10])
     for r in (old, new):
         allocator.allocate(r, 5)
@@ -80,10 +82,30 @@ def test_free_blocks_go_first_then_the_least_recently_used_prefix_its_last_block
     allocator.free(new)
     assert allocator.num_cached_blocks == 4 and allocator.num_free_blocks == 6
     filler = request(2, [11, 12, 13, 14, 15, 16, 17])
-    assert allocator.allocate(filler, 5)  # 3 blocks: the 2 never named, then old's last block
-    assert allocator.num_evictions == 1
-    assert allocator.num_cached_tokens(request(3, [1, 2, 3, 4, 5])) == 2  # old keeps its first block
+    # 3 blocks. vLLM: in the order they were freed, old's unnamed last block, then its two named ones, last first.
+    # SGLang: the 2 blocks holding nothing, then old's last named block.
+    assert allocator.allocate(filler, 5)
+    assert allocator.num_evictions == evictions
+    assert allocator.num_cached_tokens(request(3, [1, 2, 3, 4, 5])) == old_cached  # a leading run, if any
     assert allocator.num_cached_tokens(request(4, [6, 7, 8, 9, 10])) == 4  # new is untouched
+
+
+def test_a_preempted_request_finds_its_generated_blocks_where_the_engine_names_them():
+    for engine, cached in (("vllm", 8), ("sglang", 4)):
+        allocator = BlockAllocator(num_blocks=8, block_size=2, prefix_caching=True, policy=CACHE_POLICIES[engine])
+        r = request(0, [1, 2, 3, 4, 5])
+        allocator.allocate(r, 5)
+        computed(allocator, r, 5)
+        for token in (6, 7, 8, 9):  # sampled, each computed at the next step but the last
+            r.token_ids.append(token)
+            r.num_output_tokens += 1
+            if token < 9:
+                allocator.allocate(r, r.num_tokens)
+                computed(allocator, r, r.num_tokens)
+        allocator.free(r)  # preempted with 8 tokens computed, its ninth sampled
+        r.num_computed_tokens = 0
+        # vLLM named the blocks of its generated tokens too; SGLang keeps the prompt's full blocks.
+        assert allocator.num_cached_tokens(r) == cached
 
 
 def test_two_requests_computing_one_prefix_at_once_name_it_once():

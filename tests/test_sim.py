@@ -226,17 +226,19 @@ def test_profile_then_simulate(tmp_path):
     assert summary["num_finished"] == 8 and summary["cost_model"] == "CalibratedCostModel"
 
 
-@pytest.mark.parametrize("strategy,options,scheduler", [
-    ("static", dict(batch_size=4), "vllm"), ("dynamic", dict(batch_size=4), "vllm"),
-    ("continuous", dict(max_batch_tokens=24, max_num_seqs=4), "vllm"),
-    ("continuous", dict(max_batch_tokens=20, max_num_seqs=6, max_prefill_chunk=7), "vllm"),
-    ("continuous", dict(max_batch_tokens=24, max_num_seqs=4, admission="whole_prompt"), "vllm"),
-    ("continuous", dict(max_batch_tokens=24, max_num_seqs=6), "sglang"),
-    ("continuous", dict(max_batch_tokens=24, max_num_seqs=10, max_prefill_chunk=12), "sglang")])
+@pytest.mark.parametrize("strategy,options,scheduler,eviction", [
+    ("static", dict(batch_size=4), "vllm", "auto"), ("dynamic", dict(batch_size=4), "vllm", "auto"),
+    ("continuous", dict(max_batch_tokens=24, max_num_seqs=4), "vllm", "auto"),
+    ("continuous", dict(max_batch_tokens=24, max_num_seqs=4), "vllm", "empty_first"),
+    ("continuous", dict(max_batch_tokens=20, max_num_seqs=6, max_prefill_chunk=7), "vllm", "auto"),
+    ("continuous", dict(max_batch_tokens=24, max_num_seqs=4, admission="whole_prompt"), "vllm", "auto"),
+    ("continuous", dict(max_batch_tokens=24, max_num_seqs=6), "sglang", "auto"),
+    ("continuous", dict(max_batch_tokens=24, max_num_seqs=10, max_prefill_chunk=12), "sglang", "auto")])
 @pytest.mark.parametrize("replicas,max_concurrency,prefix_caching", [(1, None, False), (3, 5, False), (1, None, True),
                                                                      (1, 5, True), (3, None, True)])
-def test_simulated_engines_make_exactly_the_records_of_the_step_by_step_engine(strategy, options, scheduler, replicas,
-                                                                                 max_concurrency, prefix_caching):
+def test_simulated_engines_make_exactly_the_records_of_the_step_by_step_engine(strategy, options, scheduler, eviction,
+                                                                                 replicas, max_concurrency,
+                                                                                 prefix_caching):
     lengths = [(5 + 7 * (i % 4), 3 + 11 * (i % 5)) for i in range(60)]
     specs = make_specs(lengths, arrivals=[0.02 * i for i in range(60)])
     cost = StepCost(0.004, per_token_s=1e-4, per_pair_s=1e-6, step_overhead_s=0.001)  # shape-dependent
@@ -245,7 +247,7 @@ def test_simulated_engines_make_exactly_the_records_of_the_step_by_step_engine(s
         # 40 blocks: small enough for continuous to preempt
         engines = [build_replica(strategy, options, lambda a: SimRunner(cost), num_blocks=40, block_size=4,
                                  max_model_len=2048, engine_class=engine_class, prefix_caching=prefix_caching,
-                                 scheduler=scheduler)
+                                 scheduler=scheduler, eviction=eviction)
                    for _ in range(replicas)]
         calls = Counter()
         for engine in engines:

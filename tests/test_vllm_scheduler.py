@@ -15,23 +15,25 @@ needs_vllm = pytest.mark.skipif(not server_python(".venv-vllm").is_file(),
 PUBLISHED = ROOT / "tests/fixtures/published/gpustack"
 
 
-def burst(num_blocks: int, prefix_caching: bool, admission: str) -> dict:
+def burst(num_blocks: int, prefix_caching: bool, admission: str, eviction: str = "release_order") -> dict:
     """40 requests of 16-300 prompt and 1-60 output tokens under 8 sequences and 128 tokens a step: chunked
     prefills beside decodes, requests finishing and replaced, and with few blocks, preemptions."""
     rng = np.random.default_rng(1)
     return {"prompt_lens": rng.integers(16, 300, 40).tolist(), "output_lens": rng.integers(1, 60, 40).tolist(),
             "block_size": 16, "max_num_seqs": 8, "max_num_batched_tokens": 128, "num_blocks": num_blocks,
-            "prefix_caching": prefix_caching, "admission": admission}
+            "prefix_caching": prefix_caching, "admission": admission, "eviction": eviction}
 
 
 @needs_vllm
-@pytest.mark.parametrize("num_blocks, prefix_caching, admission, preemptions", [
-    (400, False, "next_chunk", (0, 0)), (60, True, "next_chunk", (20, 30)), (40, False, "next_chunk", (40, 50)),
-    (40, False, "whole_prompt", (1, 10))],
-    ids=["cache-holds-all", "preempting-with-prefix-cache", "preempted-mid-recompute", "whole-prompt-admission"])
-def test_the_simulator_schedules_a_burst_step_for_step_as_vllm_does(num_blocks, prefix_caching, admission,
+@pytest.mark.parametrize("num_blocks, prefix_caching, admission, eviction, preemptions", [
+    (400, False, "next_chunk", "release_order", (0, 0)), (60, True, "next_chunk", "release_order", (20, 30)),
+    (25, True, "next_chunk", "release_order", (25, 35)), (25, True, "next_chunk", "empty_first", (25, 35)),
+    (40, False, "next_chunk", "release_order", (40, 50)), (25, True, "whole_prompt", "release_order", (1, 10))],
+    ids=["cache-holds-all", "preempting-with-prefix-cache", "evicting-in-release-order", "evicting-empty-first",
+         "preempted-mid-recompute", "whole-prompt-admission"])
+def test_the_simulator_schedules_a_burst_step_for_step_as_vllm_does(num_blocks, prefix_caching, admission, eviction,
                                                                      preemptions):
-    work = burst(num_blocks, prefix_caching, admission)
+    work = burst(num_blocks, prefix_caching, admission, eviction)
     ours, theirs = simulator_steps(work), vllm_steps(work)
     summary = step_summary(ours)
     assert summary["mixed"] > 20  # chunked prefills beside decodes, the steps whose make-up matters

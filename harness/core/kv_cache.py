@@ -3,41 +3,76 @@
 D]`), or only how many blocks are held (`BlockCount`, for the simulated engines, which need no block ids).
 """
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
+from dataclasses import dataclass
 
-from harness.core.prefix_cache import PrefixCache, prompt_block_hashes
+import numpy as np
+
+from harness.core.prefix_cache import PrefixCache, block_hashes
 from strategies import Request
 
 
-class CachePool:
-    """A pool of `num_blocks` blocks of `block_size` token slots."""
+@dataclass(frozen=True)
+class CachePolicy:
+    """How an engine's prefix cache keeps blocks no request holds, and which blocks it names."""
 
-    def __init__(self, num_blocks: int, block_size: int):
+    # Free blocks are handed out in the order they were freed, named or not ("release_order": vLLM's free block
+    # queue to 0.23), or blocks holding nothing first, then named ones least recently freed first ("empty_first":
+    # SGLang's radix cache evicts only when its free slots run short, and later vLLM prepends unnamed blocks).
+    eviction: str
+    # Whether full blocks of generated tokens are named too (vLLM hashes every full block; SGLang keeps a
+    # retracted request's prompt in its radix tree and frees the rest).
+    names_output: bool
+
+
+EVICTION_ORDERS = ("release_order", "empty_first")
+# Each scheduler's engine's (`strategies.CONTINUOUS_SCHEDULERS`): vLLM's as 0.10-0.23 keep it (vLLM PR #42656, opened
+# 2026-05-14, in later releases, hands blocks holding nothing out first: `kv_cache.eviction=empty_first`), SGLang's.
+CACHE_POLICIES = {"vllm": CachePolicy("release_order", names_output=True),
+                  "sglang": CachePolicy("empty_first", names_output=False)}
+
+
+class CachePool:
+    """A pool of `num_blocks` blocks of `block_size` token slots, kept as `policy` says once named."""
+
+    def __init__(self, num_blocks: int, block_size: int, policy: CachePolicy):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"kv_cache needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.policy = policy
 
     def num_blocks_for(self, num_tokens):
         """Blocks that hold `num_tokens` slots (ceil division; also elementwise on a numpy array)."""
         return -(-num_tokens // self.block_size)
 
+    def num_named_blocks(self, request: Request, num_computed: int) -> int:
+        """Blocks of `request` named once `num_computed` of its tokens are: its full ones, prompt ones only unless
+        the policy names output too."""
+        return (num_computed if self.policy.names_output
+                else min(num_computed, request.num_prompt_tokens)) // self.block_size
+
 
 class BlockCount(CachePool):
     """The cache as a simulator needs it: how many blocks are held, not which.
 
-    With `prefix_caching`, a released request's named prompt blocks stay cached as one group, least recently
-    released first; taking blocks beyond the free ones evicts from the oldest group, its last blocks first (as
-    `BlockAllocator` releases them), so a group always keeps its leading blocks. Groups are found by request id:
-    the simulated engines model a workload with no prefix shared between requests, where the only reuse is a
-    preempted request finding its own prompt again.
+    With `prefix_caching`, a released request's named blocks stay cached as one group. The free blocks are kept as
+    runs in the order `policy` hands them out, a run either blocks holding nothing or one request's group, its last
+    blocks first (as `BlockAllocator` frees them), so a group partly handed out keeps its leading blocks. Groups are
+    found by request id: the simulated engines model a workload with no prefix shared between requests, where the
+    only reuse is a preempted request finding its own blocks again.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False):
-        super().__init__(num_blocks, block_size)
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False,
+                 policy: CachePolicy = CACHE_POLICIES["vllm"]):
+        super().__init__(num_blocks, block_size, policy)
         self.num_used_blocks = 0
         self.prefix_caching = prefix_caching
-        self.groups: OrderedDict[int, int] = OrderedDict()  # request_id → its cached blocks no request holds
+        # The free blocks in the order they are handed out: run key → [request_id, or None for blocks holding
+        # nothing, count]. Without prefix caching nothing is named and the order does not matter: not kept.
+        self._runs: OrderedDict[int, list] = OrderedDict({0: [None, num_blocks]})
+        self._group_run: dict[int, int] = {}  # request_id → the key of its cached group's run
+        self._next_key = 1
         self.num_evictable_blocks = 0
         self.num_evictions = 0
 
@@ -46,59 +81,99 @@ class BlockCount(CachePool):
         return self.num_blocks - self.num_used_blocks
 
     def take(self, num_blocks: int) -> None:
-        assert num_blocks <= self.num_free_blocks, "took blocks the cache does not have"
-        to_evict = num_blocks - (self.num_free_blocks - self.num_evictable_blocks)
-        while to_evict > 0:
-            rid, count = next(iter(self.groups.items()))
-            evicted = min(count, to_evict)
-            if evicted == count:
-                del self.groups[rid]
-            else:
-                self.groups[rid] = count - evicted  # keeps its place: the group was released as one
-            self.num_evictable_blocks -= evicted
-            self.num_evictions += evicted
-            to_evict -= evicted
+        assert num_blocks <= self.num_blocks - self.num_used_blocks, "took blocks the cache does not have"
         self.num_used_blocks += num_blocks
+        if not self.prefix_caching:
+            return
+        runs = self._runs
+        while num_blocks:
+            key = next(iter(runs))
+            run = runs[key]
+            taken = min(run[1], num_blocks)
+            run[1] -= taken
+            num_blocks -= taken
+            if run[0] is not None:  # a cached group: its blocks are evicted
+                self.num_evictable_blocks -= taken
+                self.num_evictions += taken
+            if not run[1]:
+                del runs[key]
+                self._group_run.pop(run[0], None)
 
     def give(self, num_blocks: int, request_id: int | None = None, num_named: int = 0) -> None:
-        """Give back `num_blocks`; the first `num_named` of them (the request's named prompt blocks) stay cached."""
+        """Give back `num_blocks`; the first `num_named` of them (the request's named blocks) stay cached."""
         self.num_used_blocks -= num_blocks
+        if not self.prefix_caching:
+            return
+        self._free_run(None, num_blocks - num_named, first=self.policy.eviction == "empty_first")
         if num_named:
-            self.groups[request_id] = num_named
+            self._group_run[request_id] = self._free_run(request_id, num_named, first=False)
             self.num_evictable_blocks += num_named
 
+    def _free_run(self, request_id: int | None, count: int, first: bool) -> int:
+        """Put `count` free blocks at the head (`first`) or the tail of the order; returns their run's key."""
+        if count == 0:
+            return -1
+        if self._runs:
+            key = next(iter(self._runs)) if first else next(reversed(self._runs))
+            if request_id is None and self._runs[key][0] is None:
+                self._runs[key][1] += count  # blocks holding nothing beside blocks holding nothing: one run
+                return key
+        key, self._next_key = self._next_key, self._next_key + 1
+        self._runs[key] = [request_id, count]
+        if first:
+            self._runs.move_to_end(key, last=False)
+        return key
+
     def num_cached_blocks_of(self, request_id: int) -> int:
-        return self.groups.get(request_id, 0)
+        key = self._group_run.get(request_id)
+        return 0 if key is None else self._runs[key][1]
 
     def reclaim(self, request_id: int) -> int:
         """The request takes its cached group back (it is held again); returns how many blocks."""
-        count = self.groups.pop(request_id, 0)
+        key = self._group_run.pop(request_id, None)
+        if key is None:
+            return 0
+        _, count = self._runs.pop(key)
         self.num_evictable_blocks -= count
         self.num_used_blocks += count
         return count
+
+    def num_evicted_by(self, taken: np.ndarray) -> np.ndarray:
+        """Cached blocks evicted by taking each of `taken` blocks from here (elementwise, without taking them)."""
+        if not self.prefix_caching or not self.num_evictable_blocks:
+            return np.zeros_like(taken)
+        ends, named = [0], [0]  # the free order's run boundaries, and the named blocks before each
+        for request_id, count in self._runs.values():
+            ends.append(ends[-1] + count)
+            named.append(named[-1] + (count if request_id is not None else 0))
+            if ends[-1] >= taken[-1]:
+                break
+        # Named blocks grow one for one inside a group's run and not at all inside an empty one: exact at integers.
+        return np.rint(np.interp(taken, ends, named)).astype(taken.dtype)
 
 
 class BlockAllocator(CachePool):
     """Which blocks each request holds: the real runner reads and writes its K/V through these tables.
 
-    With `prefix_caching`, a request that enters takes the cached blocks of its longest cached prompt prefix
-    (`num_cached_tokens`, then `allocate(..., num_cached_tokens)`), and the engine names each full prompt block
-    once it is computed (`cache_computed`). Freed named blocks stay cached; a block is taken from the free list
-    first, and only when that is empty is the least recently used cached block evicted (free blocks hold nothing
-    worth keeping). A cached block no request holds counts as free.
+    With `prefix_caching`, a request that enters takes the cached blocks of its longest cached prefix
+    (`num_cached_tokens`, then `allocate(..., num_cached_tokens)`), and the engine names each full block once it
+    is computed (`cache_computed`). Blocks no request holds are free, named ones still cached until handed out
+    again, and are handed out in the order `policy` says.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False):
-        super().__init__(num_blocks, block_size)
-        self._free: deque[int] = deque(range(num_blocks))
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False,
+                 policy: CachePolicy = CACHE_POLICIES["vllm"]):
+        super().__init__(num_blocks, block_size, policy)
+        # Blocks no request holds, in the order they are handed out; named ones among them are still cached.
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.block_tables: dict[int, list[int]] = {}
         self.prefix = PrefixCache() if prefix_caching else None
-        self._hashes: dict[int, list[int]] = {}  # request_id → its prompt blocks' hashes, while it holds blocks
+        self._hashes: dict[int, list[int]] = {}  # request_id → its full blocks' hashes so far, while it holds blocks
         self._num_named: dict[int, int] = {}  # request_id → leading blocks of its table already named or matched
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free) + (len(self.prefix.evictable) if self.prefix else 0)
+        return len(self._free)
 
     @property
     def num_used_blocks(self) -> int:
@@ -116,10 +191,12 @@ class BlockAllocator(CachePool):
     def num_cached_tokens(self, request: Request) -> int:
         """Leading tokens of `request`, about to enter, whose K/V the cache holds: whole blocks, and never the
         last token (computing it gives the next one)."""
-        return self.cached_tokens_of(self._hashes_of(request), request.num_tokens) if self.prefix else 0
+        if self.prefix is None:
+            return 0
+        return self.cached_tokens_of(self._hashes_of(request, request.num_tokens), request.num_tokens)
 
     def cached_tokens_of(self, hashes: list[int], num_tokens: int) -> int:
-        """Leading tokens of a prompt `num_tokens` long whose full blocks `hashes` name, the cache holds (a router
+        """Leading tokens of a request `num_tokens` long whose full blocks `hashes` name, the cache holds (a router
         asks each replica without the request entering any)."""
         if self.prefix is None:
             return 0
@@ -136,12 +213,11 @@ class BlockAllocator(CachePool):
         hits = self._hits(request, num_cached_tokens)
         if not self._fits(hits, num_tokens):
             return False
-        table = []
-        missing = self.num_blocks_for(num_tokens) - len(hits)
         for block in hits:
-            self.prefix.hold(block)
-        table.extend(hits)
-        self._grow(table, missing)
+            if self.prefix.hold(block):
+                del self._free[block]
+        table = list(hits)
+        self._grow(table, self.num_blocks_for(num_tokens) - len(hits))
         self.block_tables[request.request_id] = table
         if self.prefix is not None:
             self._num_named[request.request_id] = len(hits)
@@ -155,12 +231,12 @@ class BlockAllocator(CachePool):
         """The cached blocks of the request's first `num_cached_tokens`, as `num_cached_tokens()` just found them."""
         if self.prefix is None:
             return []
-        hits = self.prefix.match(self._hashes_of(request)[:num_cached_tokens // self.block_size])
+        hits = self.prefix.match(self._hashes_of(request, num_cached_tokens)[:num_cached_tokens // self.block_size])
         assert len(hits) * self.block_size == num_cached_tokens, "cached tokens not looked up just before"
         return hits
 
     def _fits(self, hits: list[int], num_tokens: int) -> bool:
-        # Cached blocks no request holds count as free: taking them back uses those up too.
+        # Cached blocks no request holds are free ones: taking them back uses those up too.
         missing = self.num_blocks_for(num_tokens) - len(hits)
         return missing + (self.prefix.num_reviving(hits) if hits else 0) <= self.num_free_blocks
 
@@ -168,39 +244,45 @@ class BlockAllocator(CachePool):
         if missing > self.num_free_blocks:
             return False
         for _ in range(missing):
-            table.append(self._free.popleft() if self._free else self.prefix.evict())
+            block, _ = self._free.popitem(last=False)
+            if self.prefix is not None and block in self.prefix.hash_of:
+                self.prefix.evict(block)  # the least recently freed named block: its tokens are overwritten
+            table.append(block)
         return True
 
     def cache_computed(self, request: Request) -> None:
-        """Name the request's full prompt blocks computed so far, so later requests may reuse them."""
+        """Name the request's full blocks computed so far, so later requests (or it, back from a preemption) may
+        reuse them."""
         if self.prefix is None:
             return
         rid = request.request_id
-        table, hashes = self.block_tables[rid], self._hashes_of(request)
-        computed = min(request.num_computed_tokens, request.num_prompt_tokens) // self.block_size
+        computed = self.num_named_blocks(request, request.num_computed_tokens)
+        if computed <= self._num_named[rid]:
+            return
+        table, hashes = self.block_tables[rid], self._hashes_of(request, computed * self.block_size)
         for i in range(self._num_named[rid], computed):
             self.prefix.add(table[i], hashes[i])
-        self._num_named[rid] = max(self._num_named[rid], computed)
+        self._num_named[rid] = computed
 
     def free(self, request: Request) -> None:
-        """Give back the request's blocks: named ones stay cached (the request's last blocks first in line to be
-        evicted, as the least likely to be shared), the rest go to the free list."""
+        """Give back the request's blocks, its last first (vLLM's order: a prefix's tail is the least likely to be
+        shared, so the first to be handed out again); named ones stay cached until then."""
         table = self.block_tables.pop(request.request_id, ())
-        if self.prefix is None:
-            self._free.extend(table)
-            return
         self._hashes.pop(request.request_id, None)
         self._num_named.pop(request.request_id, None)
         for block in reversed(table):
-            if block in self.prefix.hash_of:  # named: this request held it
-                self.prefix.release(block)
-            else:
-                self._free.append(block)
+            if self.prefix is None or block not in self.prefix.hash_of:
+                self._free[block] = None
+                if self.policy.eviction == "empty_first":
+                    self._free.move_to_end(block, last=False)  # it holds nothing worth keeping: handed out first
+            elif self.prefix.release(block):  # named, and no other request holds it
+                self._free[block] = None
 
-    def _hashes_of(self, request: Request) -> list[int]:
-        hashes = self._hashes.get(request.request_id)
-        if hashes is None:
-            hashes = self._hashes[request.request_id] = prompt_block_hashes(request, self.block_size)
+    def _hashes_of(self, request: Request, num_tokens: int) -> list[int]:
+        """The hashes of the request's full blocks among its first `num_tokens` (at least)."""
+        hashes = self._hashes.setdefault(request.request_id, [])
+        if len(hashes) < num_tokens // self.block_size:
+            block_hashes(request, self.block_size, request.num_tokens // self.block_size, hashes)
         return hashes
 
     def slots(self, request_id: int, start: int, end: int) -> list[int]:

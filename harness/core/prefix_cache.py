@@ -1,27 +1,31 @@
-"""Automatic prefix caching, as vLLM's V1 engine does it: a full prompt block is named by a hash of its tokens
-chained to the previous block's hash, so one name means one whole prefix. Requests that share a prefix share its
-blocks by reference count; a block no request holds stays cached until the cache needs room, and then the least
-recently used goes first.
+"""Automatic prefix caching, as vLLM's V1 engine does it: a full block is named by a hash of its tokens chained to
+the previous block's hash, so one name means one whole prefix. Requests that share a prefix share its blocks by
+reference count; a block no request holds stays cached until the allocator hands it out again (`BlockAllocator`
+decides in which order).
 
-Only prompt blocks are named: the ids of generated tokens exist in a real run alone, and a simulated run must make
-the same decisions. A request without prompt ids (a simulation) is named by the workload's `prefix_pieces`
-instead: the same piece key is the same tokens in every request, and what follows the pieces is its own.
+Every full computed block is named, generated tokens' too, so a preempted request finds all it had computed. A
+request without token ids (a simulation) is named by the workload's `prefix_pieces` instead: the same piece key is
+the same tokens in every request, and what follows the pieces, its output included, is its own.
 """
-
-from collections import OrderedDict
 
 from strategies import Request
 
-OWN_CONTENT = -1  # a piece key no workload uses: the rest of a prompt after its shared pieces
+OWN_CONTENT = -1  # a piece key no workload uses: the rest of a request's tokens after its shared pieces
 
 
 def prompt_block_hashes(request: Request, block_size: int) -> list[int]:
-    """The chained hashes of `request`'s full prompt blocks, from its token ids where it has them."""
-    num_blocks = request.num_prompt_tokens // block_size
+    """The chained hashes of `request`'s full prompt blocks (a router's and a trace's view: before it ran)."""
+    return block_hashes(request, block_size, request.num_prompt_tokens // block_size)
+
+
+def block_hashes(request: Request, block_size: int, num_blocks: int, known: list[int] | None = None) -> list[int]:
+    """The chained hashes of `request`'s first `num_blocks` full blocks, prompt then output, from its token ids where
+    it has them; `known`, the hashes of its leading blocks already named, is extended in place and returned."""
+    hashes = [] if known is None else known
+    parent = hashes[-1] if hashes else None
     ids = request.token_ids
-    hashes, parent = [], None
-    if len(ids) == request.num_tokens:  # the prompt's ids are known
-        for i in range(num_blocks):
+    if len(ids) == request.num_tokens:  # the ids are known
+        for i in range(len(hashes), num_blocks):
             parent = hash((parent, tuple(ids[i * block_size:(i + 1) * block_size])))
             hashes.append(parent)
         return hashes
@@ -29,7 +33,7 @@ def prompt_block_hashes(request: Request, block_size: int) -> list[int]:
     for key, length in request.prefix_pieces:
         pieces.append((key, start, start + length))
         start += length
-    for i in range(num_blocks):
+    for i in range(len(hashes), num_blocks):
         lo, hi = i * block_size, (i + 1) * block_size
         content = tuple((key, max(lo, s) - s, min(hi, e) - s) for key, s, e in pieces if s < hi and e > lo)
         if hi > start:  # past the shared pieces: this request's own tokens, and every block after too
@@ -40,14 +44,12 @@ def prompt_block_hashes(request: Request, block_size: int) -> list[int]:
 
 
 class PrefixCache:
-    """Which physical blocks hold which named prompt blocks, who holds them, and which may be evicted."""
+    """Which physical blocks hold which named blocks, and how many requests hold each."""
 
     def __init__(self):
         self.block_of: dict[int, int] = {}  # hash → block
         self.hash_of: dict[int, int] = {}  # block → hash
         self.ref_counts: dict[int, int] = {}  # block → requests holding it
-        # Cached blocks no request holds, least recently released first: the eviction order.
-        self.evictable: OrderedDict[int, None] = OrderedDict()
         self.num_evictions = 0
 
     def match(self, hashes: list[int]) -> list[int]:
@@ -61,13 +63,13 @@ class PrefixCache:
         return blocks
 
     def num_reviving(self, blocks: list[int]) -> int:
-        """How many of `blocks` no request holds: taking them uses up free (evictable) blocks."""
+        """How many of `blocks` no request holds: taking them uses up free blocks."""
         return sum(1 for b in blocks if self.ref_counts[b] == 0)
 
-    def hold(self, block: int) -> None:
-        if self.ref_counts[block] == 0:
-            del self.evictable[block]
+    def hold(self, block: int) -> bool:
+        """One more request holds `block`; True if none did (it leaves the free blocks)."""
         self.ref_counts[block] += 1
+        return self.ref_counts[block] == 1
 
     def add(self, block: int, block_hash: int) -> bool:
         """Name a freshly computed block, held by the request that computed it. False if another block already
@@ -79,18 +81,16 @@ class PrefixCache:
         self.ref_counts[block] = 1
         return True
 
-    def release(self, block: int) -> None:
+    def release(self, block: int) -> bool:
+        """One request fewer holds `block`; True if none does now (it joins the free blocks, still named)."""
         self.ref_counts[block] -= 1
-        if self.ref_counts[block] == 0:
-            self.evictable[block] = None
+        return self.ref_counts[block] == 0
 
-    def evict(self) -> int:
-        """Forget the least recently used cached block no request holds; returns it, free for anything."""
-        block, _ = self.evictable.popitem(last=False)
+    def evict(self, block: int) -> None:
+        """Forget the name of `block`, which no request holds: it is handed out for other tokens."""
         del self.block_of[self.hash_of.pop(block)]
         del self.ref_counts[block]
         self.num_evictions += 1
-        return block
 
     @property
     def num_cached_blocks(self) -> int:

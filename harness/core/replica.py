@@ -1,9 +1,10 @@
 """The one place a replica is put together: its block allocator, strategy, runner and engine."""
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 from harness.core.engine import Engine
-from harness.core.kv_cache import BlockAllocator
+from harness.core.kv_cache import CACHE_POLICIES, BlockAllocator
 from harness.core.runner import Runner
 from strategies import CONTINUOUS_SCHEDULERS, STRATEGIES
 
@@ -11,9 +12,10 @@ from strategies import CONTINUOUS_SCHEDULERS, STRATEGIES
 def build_replica(strategy: str, options: dict, make_runner: Callable[[BlockAllocator], Runner], *,
                   num_blocks: int, block_size: int, max_model_len: int, eos_token_ids: Iterable[int] = (),
                   engine_class: Callable[..., Engine] = Engine, prefix_caching: bool = False,
-                  scheduler: str = "vllm") -> Engine:
-    """A replica running `strategy` with `options` over a fresh cache of `num_blocks` blocks (reusing cached prompt
-    prefixes if `prefix_caching`); continuous batching as `scheduler`'s engine schedules it (`CONTINUOUS_SCHEDULERS`).
+                  scheduler: str = "vllm", eviction: str = "auto") -> Engine:
+    """A replica running `strategy` with `options` over a fresh cache of `num_blocks` blocks (reusing cached prefixes
+    if `prefix_caching`, kept as `scheduler`'s engine keeps them, `CACHE_POLICIES`, its free blocks handed out in
+    `eviction` order unless `auto`); continuous batching as that engine schedules it (`CONTINUOUS_SCHEDULERS`).
 
     `engine_class` makes the engine from (strategy, runner, allocator, max_model_len, eos_token_ids): `Engine`,
     or a simulator's choice (`harness.sim.replica.simulated_engine`). `make_runner` gets the allocator (a real
@@ -23,7 +25,10 @@ def build_replica(strategy: str, options: dict, make_runner: Callable[[BlockAllo
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    allocator = BlockAllocator(num_blocks, block_size, prefix_caching)
+    policy = CACHE_POLICIES[scheduler]
+    if eviction != "auto":
+        policy = replace(policy, eviction=eviction)
+    allocator = BlockAllocator(num_blocks, block_size, prefix_caching, policy)
     try:
         policy_class = CONTINUOUS_SCHEDULERS[scheduler] if strategy == "continuous" else STRATEGIES[strategy]
         policy = policy_class(allocator, **options)

@@ -107,7 +107,7 @@ class SimContinuous(SimEngine):
                              num_preempted=len(preempted), num_seqs=rows, num_lookup=num_lookup, num_cached=num_cached)
 
         self._decoded(end_s)
-        for request in self.decoders.finishing(step):
+        for request in self._finishing(step):
             self._release(request)
             self._finish(request, end_s)
         self._apply_chunks(chunks, self.prefilling, end_s, lambda request: self._join_decoders(request, step + 1))
@@ -130,14 +130,15 @@ class SimContinuous(SimEngine):
         decoders = self.decoders
         n = len(decoders)
         keys = decoders.sum_base + n * (step + 1 + np.arange(num_steps))  # [N] one more key a decoder a step
-        evicted = np.maximum(0, taken - (self.allocator.num_free_blocks - self.allocator.num_evictable_blocks))  # [N]
+        steps = step + np.arange(num_steps)  # [N]
+        cached = self.num_cached_blocks(steps) - self.allocator.num_evicted_by(taken[:num_steps])  # [N]
         ran = self._run_steps(step, arrivals, StepShape(False, n, n, keys, keys, n, keys), num_decode=n, num_padding=0,
                               row_width=0, kv_used_blocks=self.allocator.num_used_blocks + taken[:num_steps],
-                              kv_cached_blocks=self.num_cached_blocks - evicted[:num_steps])
+                              kv_cached_blocks=cached)
         self.allocator.take(int(taken[ran - 1]))
         for rid, base in decoders.base.items():  # each holds the blocks of its cached tokens
             self.held[rid] = self.allocator.num_blocks_for(base + step + ran)
-        for request in decoders.finishing(step + ran - 1):
+        for request in self._finishing(step + ran - 1):
             self._release(request)
             self._finish(request, self.clock)
         return True

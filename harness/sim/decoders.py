@@ -11,6 +11,8 @@ Joining and leaving are O(1) (O(log n) for the longest row).
 import heapq
 from collections import defaultdict
 
+import numpy as np
+
 from strategies import Request
 
 
@@ -25,6 +27,9 @@ class DecodeSet:
         self._finishing: dict[int, dict[int, Request]] = defaultdict(dict)  # step → members done after it
         self._finish_steps: list[int] = []  # min-heap of the keys of `_finishing`, stale ones skipped
         self._longest: list[tuple[int, int]] = []  # max-heap of (-base, request_id), stale entries skipped
+        # The members' tokens into their last block after step s, summed, for each (s + 1) % block_size; None once
+        # the members change (`num_full_blocks` makes it again).
+        self._into_last: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.base)
@@ -38,6 +43,7 @@ class DecodeSet:
         base = num_computed - step
         self.base[rid] = base
         self.sum_base += base
+        self._into_last = None
         self._by_phase[-base % self.block_size][rid] = request
         last = self._last_step(request, base)
         self.sum_last += last
@@ -51,6 +57,7 @@ class DecodeSet:
         rid = request.request_id
         base = self.base.pop(rid)
         self.sum_base -= base
+        self._into_last = None
         del self._by_phase[-base % self.block_size][rid]
         last = self._last_step(request, base)
         self.sum_last -= last
@@ -78,6 +85,7 @@ class DecodeSet:
         if not done:
             return []
         self.sum_last -= step * len(done)
+        self._into_last = None
         for rid in done:
             base = self.base.pop(rid)
             self.sum_base -= base
@@ -87,6 +95,17 @@ class DecodeSet:
     def keys_read(self, step: int) -> int:
         """Cached keys the members' decode tokens attend to at `step` (their own new key included)."""
         return self.sum_base + len(self.base) * (step + 1)
+
+    def num_full_blocks(self, step):
+        """Full blocks the members' tokens fill once `step` (an int, or an array of steps) has run: each has
+        `base + step + 1` computed then, and its residue says how far into its last block that reaches."""
+        size = self.block_size
+        if self._into_last is None:  # periodic in the step: one value for each (step + 1) % size
+            offsets = (np.arange(size)[:, None] - np.arange(size)) % size  # [size, size]: (step + 1 - residue) % size
+            self._into_last = offsets @ np.array(self.phase_sizes())
+        into_last = self._into_last[(step + 1) % size]  # a scalar, or [N]
+        filled = self.sum_base + len(self.base) * (step + 1) - into_last
+        return filled // size if isinstance(step, np.ndarray) else int(filled) // size
 
     def longest_row(self, step: int) -> int:
         """Keys of the longest member's row at `step` (0 with no member)."""

@@ -33,12 +33,15 @@ class SimEngine(Engine):
         if eos_token_ids:
             raise ValueError("a simulated run generates no token ids, so it cannot stop at EOS")
         prefix_caching = allocator.prefix is not None
-        super().__init__(strategy, runner, BlockCount(allocator.num_blocks, allocator.block_size, prefix_caching),
-                         max_model_len)
+        super().__init__(strategy, runner, BlockCount(allocator.num_blocks, allocator.block_size, prefix_caching,
+                                                      allocator.policy), max_model_len)
+        # Whether a decoder's blocks are named as it fills them: then the decoders' named blocks are counted from
+        # the `DecodeSet` while they decode, not kept in `named`.
+        self._names_output = prefix_caching and allocator.policy.names_output
         self.running: dict[int, Request] = {}  # request_id → request, in admission order
         self.decoders = DecodeSet(allocator.block_size)
         self.held: dict[int, int] = {}  # request_id → cache blocks it holds
-        self.named: dict[int, int] = {}  # request_id → of those, its prompt blocks computed (named, with caching)
+        self.named: dict[int, int] = {}  # request_id → of those, its full blocks computed (named, with caching)
         self.num_named_held = 0
         self._admissions = 0
         self._admitted_as: dict[int, int] = {}  # request_id → admission number (running order)
@@ -67,22 +70,22 @@ class SimEngine(Engine):
         self.allocator.take(num_blocks)
 
     def _release(self, request: Request) -> None:
-        """Its blocks go back; its named prompt blocks stay cached."""
+        """Its blocks go back; its named blocks stay cached."""
         named = self.named.pop(request.request_id, 0)
         self.num_named_held -= named
         self.allocator.give(self.held.pop(request.request_id), request.request_id, named)
 
     def _name(self, request: Request, num_computed: int) -> None:
-        """`request` will have `num_computed` tokens computed once this step runs: its full prompt blocks among them
-        are named (with prefix caching), as the step-by-step engine names them after the step."""
+        """`request` will have `num_computed` tokens computed once this step runs: its full blocks among them are
+        named (with prefix caching, as the cache's policy says), as the step-by-step engine names them after it."""
         if self.allocator.prefix_caching:
-            named = min(num_computed, request.num_prompt_tokens) // self.allocator.block_size
+            named = self.allocator.num_named_blocks(request, num_computed)
             self.num_named_held += named - self.named.get(request.request_id, 0)
             self.named[request.request_id] = named
 
     def _cached_prefix(self, request: Request) -> int:
-        """Tokens of `request`, about to enter, the prefix cache holds: its own prompt blocks, if it was preempted and
-        they were not evicted since (never its last token)."""
+        """Tokens of `request`, about to enter, the prefix cache holds: its own blocks, if it was preempted and they
+        were not evicted since (never its last token)."""
         cached = min(self.allocator.num_cached_blocks_of(request.request_id),
                      (request.num_tokens - 1) // self.allocator.block_size)
         return cached * self.allocator.block_size
@@ -102,14 +105,26 @@ class SimEngine(Engine):
         if last is not None:  # it recomputed after a preemption: its previous token is older than one step
             self._late_first_decode[request.request_id] = last
         self.decoders.join(request, step, request.num_computed_tokens)
+        if self._names_output:  # counted by the decoders from here
+            self.num_named_held -= self.named.pop(request.request_id, 0)
 
     def _leave_decoders(self, request: Request, step: int) -> None:
         """`request` stops decoding before `step` runs: its counts become explicit again."""
         request.num_computed_tokens = self.decoders.leave(request, step)
+        if self._names_output:
+            self._name(request, request.num_computed_tokens)
         request.num_output_tokens = request.num_computed_tokens + 1 - request.num_prompt_tokens
         # Its last token: from the step before (it decoded there, or joined after sampling there), unless it
         # joined without sampling and has not decoded yet.
         self._last_token_s[request.request_id] = self._late_first_decode.pop(request.request_id, self.clock)
+
+    def _finishing(self, step: int) -> list[Request]:
+        """The decoders whose last token comes from `step`; they leave the decoders, their blocks all named."""
+        done = self.decoders.finishing(step)
+        if self._names_output:
+            for request in done:
+                self._name(request, request.max_num_tokens)
+        return done
 
     def _decoded(self, end_s: float) -> None:
         """The decoders' tokens of the step that ended at `end_s`: one gap each, one step long unless recorded."""
@@ -183,15 +198,16 @@ class SimEngine(Engine):
             num_decode_tokens=num_decode, num_padding_tokens=shape.num_tokens - num_prefill - num_decode,
             num_rows=shape.num_rows, row_width=row_width, num_preempted=num_preempted,
             num_waiting=len(self.waiting), num_seqs=num_seqs, kv_used_blocks=self.allocator.num_used_blocks,
-            num_lookup_tokens=num_lookup, num_cached_tokens=num_cached, kv_cached_blocks=self.num_cached_blocks)
+            num_lookup_tokens=num_lookup, num_cached_tokens=num_cached, kv_cached_blocks=self.num_cached_blocks(step))
         self.clock += duration
         self._last_step_s = duration
         return self.clock
 
-    @property
-    def num_cached_blocks(self) -> int:
-        """Named blocks in the cache, held or not."""
-        return self.num_named_held + self.allocator.num_evictable_blocks
+    def num_cached_blocks(self, step):
+        """Named blocks in the cache once `step` (or each of an array of steps) has run, held or not, the decoders'
+        full blocks among them if they are named; blocks evicted later in those steps aside."""
+        decoding = self.decoders.num_full_blocks(step) if self._names_output else 0
+        return self.num_named_held + self.allocator.num_evictable_blocks + decoding
 
     # Decode-only stretches, timed and recorded as arrays.
 

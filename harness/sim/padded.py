@@ -31,7 +31,7 @@ class SimPadded(SimEngine):
         end_s = self._record(step, shape, num_prefill=num_prefill, num_decode=num_decode, row_width=width,
                              num_seqs=num_decode + len(admitted), num_lookup=sum(r.num_tokens for r in admitted))
         self._decoded(end_s)
-        self._finished(self.decoders.finishing(step), end_s)
+        self._finished(self._finishing(step), end_s)
         done = []
         for request in admitted:
             request.num_computed_tokens = request.num_prompt_tokens
@@ -53,8 +53,8 @@ class SimPadded(SimEngine):
         keys = rows * (self.decoders.longest_row(step) + np.arange(num_steps))  # [N] the longest row grows
         ran = self._run_steps(step, arrivals, StepShape(True, rows, rows, keys, keys, rows, keys), num_decode=num_live,
                               num_padding=rows - num_live, row_width=1, kv_used_blocks=self.allocator.num_used_blocks,
-                              kv_cached_blocks=self.num_cached_blocks)
-        self._finished(self.decoders.finishing(step + ran - 1), self.clock)
+                              kv_cached_blocks=self.num_cached_blocks(step + np.arange(num_steps)))
+        self._finished(self._finishing(step + ran - 1), self.clock)
         return True
 
     def _finished(self, requests: list[Request], end_s: float) -> None:

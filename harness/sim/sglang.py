@@ -32,6 +32,7 @@ class SimSGLang(SimEngine):
 
     def __init__(self, strategy: SGLangBatching, *args, **kwargs):
         super().__init__(strategy, *args, **kwargs)
+        assert not self._names_output, "SGLang's cache names prompt blocks: its decoders' named blocks do not grow"
         self.prefilling: dict[int, Request] = {}  # running requests whose prompt (or recompute) is unfinished
         self.new_token_ratio = strategy.new_token_ratio
         self.decode_step = 0  # decode batches so far: the decoders' clock
@@ -276,12 +277,12 @@ class SimSGLang(SimEngine):
                     return False
         decoders, n = self.decoders, len(self.decoders)
         keys = decoders.sum_base + n * (batches[:num_steps] + 1)  # [N] one more key a decoder a batch
-        evicted = np.maximum(0, taken - (free - self.allocator.num_evictable_blocks))  # [N]
+        cached = self.num_cached_blocks(step) - self.allocator.num_evicted_by(taken[:num_steps])  # [N]
         self._stretch = head, room[:num_steps], free_blocks[:num_steps]
         ran = self._run_steps(step, arrivals, StepShape(False, n, n, keys, keys, n, keys), num_decode=n,
                               num_padding=0, row_width=0,
                               kv_used_blocks=self.allocator.num_used_blocks + taken[:num_steps],
-                              kv_cached_blocks=self.num_cached_blocks - evicted[:num_steps])
+                              kv_cached_blocks=cached)
         self._stretch = None
         self.allocator.take(int(taken[ran - 1]))
         self.new_token_ratio = float(ratios[ran])

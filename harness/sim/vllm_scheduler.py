@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from harness.config import server_python
+from harness.core.kv_cache import EVICTION_ORDERS
 from harness.core.replay import replay
 from harness.core.replica import build_replica
 from harness.sim.calibrate import default_params, run_replica
@@ -64,6 +65,7 @@ def burst_of(run: MeasuredRun) -> dict:
         "max_num_batched_tokens": engine.strategy.max_batch_tokens,
         "prefix_caching": run.prefix_caching,
         "admission": "next_chunk",  # the V1 engines of 0.10-0.19 that published runs used (`vllm-v1`)
+        "eviction": "release_order",  # and their free block queue (`harness.core.kv_cache.CACHE_POLICIES`)
     }
 
 
@@ -74,8 +76,8 @@ def simulator_steps(burst: dict) -> pd.DataFrame:
                                           "admission": burst["admission"]},
                            lambda allocator: SimRunner(UnitSteps()), num_blocks=burst["num_blocks"],
                            block_size=burst["block_size"], max_model_len=1 << 30,  # caps nothing, as the driver's
-                           engine_class=simulated_engine,
-                           prefix_caching=burst["prefix_caching"], scheduler="vllm")
+                           engine_class=simulated_engine, prefix_caching=burst["prefix_caching"],
+                           scheduler="vllm", eviction=burst["eviction"])
     specs = [RequestSpec(i, 0.0, (), output_len, prompt_len) for i, (prompt_len, output_len)
              in enumerate(zip(burst["prompt_lens"], burst["output_lens"], strict=True))]
     replay([engine], specs)
@@ -111,11 +113,12 @@ def first_difference(ours: pd.DataFrame, theirs: pd.DataFrame) -> int | None:
     return None if len(ours) == len(theirs) else n
 
 
-def compare(run: MeasuredRun, server_env: str = ".venv-vllm",
-            admission: str | None = None) -> tuple[pd.DataFrame, str]:
+def compare(run: MeasuredRun, server_env: str = ".venv-vllm", admission: str | None = None,
+            eviction: str | None = None) -> tuple[pd.DataFrame, str]:
     """`run`'s burst scheduled by both, summarised side by side (one column each), and where they first part;
-    `admission` in place of the run's engine's."""
-    burst = burst_of(run) | ({"admission": admission} if admission else {})
+    `admission` and `eviction` in place of the run's engine's."""
+    chosen = {"admission": admission, "eviction": eviction}
+    burst = burst_of(run) | {key: value for key, value in chosen.items() if value}
     ours, theirs = simulator_steps(burst), vllm_steps(burst, server_env)
     table = pd.DataFrame({"simulator": step_summary(ours), "vLLM": step_summary(theirs)})
     step = first_difference(ours, theirs)
@@ -131,10 +134,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vllm-env", default=".venv-vllm", help="vLLM's environment (default: .venv-vllm)")
     parser.add_argument("--admission", choices=ADMISSIONS,
                         help="when a prompt enters, in both (default: the run's engine's, next_chunk)")
+    parser.add_argument("--eviction", choices=EVICTION_ORDERS,
+                        help="which free block goes next, in both (default: the run's engine's, release_order)")
     args = parser.parse_args(argv)
     for run in load_measured_runs(args.runs):
         try:
-            table, verdict = compare(run, args.vllm_env, args.admission)
+            table, verdict = compare(run, args.vllm_env, args.admission, args.eviction)
         except (ValueError, FileNotFoundError, RuntimeError) as e:
             sys.exit(f"vllm_scheduler: {e}")
         print(f"{run.name}\n{table.to_string()}\n{verdict}\n")

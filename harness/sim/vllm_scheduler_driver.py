@@ -1,8 +1,8 @@
 """vLLM's own V1 scheduler stepped with no model, run by vLLM's interpreter (`harness.sim.vllm_scheduler` starts it).
 
 Reads a burst from stdin as JSON ({"prompt_lens", "output_lens", "num_blocks", "block_size", "max_num_seqs",
-"max_num_batched_tokens", "prefix_caching", "admission"}), adds every request at once, and steps the scheduler
-until all finish: each step's plan is answered with one sampled token for every request whose tokens are all
+"max_num_batched_tokens", "prefix_caching", "admission", "eviction"}), adds every request at once, and steps the
+scheduler until all finish: each step's plan is answered with one sampled token for every request whose tokens are all
 computed (as the model runner would), so only scheduling decides what each step holds. Writes one row a step to
 stdout as JSON: [prefill tokens, decode tokens, sequences, sequences preempted]. Imports nothing of this project:
 vLLM's environment has none of it.
@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
+from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
@@ -30,6 +31,15 @@ TINY_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hi
                "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
                "head_dim": 32, "vocab_size": 1000, "max_position_embeddings": MAX_MODEL_LEN, "rms_norm_eps": 1e-6,
                "rope_theta": 1e6, "torch_dtype": "bfloat16", "tie_word_embeddings": True}
+
+
+def free_in_release_order(pool: BlockPool, ordered_blocks) -> None:
+    """`BlockPool.free_blocks` as vLLM had it before PR #42656 (to 0.23): every block no request holds any more goes
+    to the free queue's tail, named or not, so blocks are handed out in the order they were freed."""
+    blocks = list(ordered_blocks)
+    for block in blocks:
+        block.ref_cnt -= 1
+    pool.free_block_queue.append_n([block for block in blocks if block.ref_cnt == 0 and not block.is_null])
 
 
 def build_scheduler(burst: dict, model_dir: str) -> tuple[Scheduler, object]:
@@ -46,6 +56,9 @@ def build_scheduler(burst: dict, model_dir: str) -> tuple[Scheduler, object]:
         scheduler_config.scheduler_reserve_full_isl = whole_prompt
     elif whole_prompt:
         sys.exit("this vLLM predates whole-prompt admission (scheduler_reserve_full_isl, vLLM 0.20)")
+    # Later vLLM hands out blocks holding nothing first (`empty_first`); the engines of the published runs did not.
+    if burst["eviction"] == "release_order":
+        BlockPool.free_blocks = free_in_release_order
     cache = CacheConfig(block_size=block_size, enable_prefix_caching=burst["prefix_caching"])
     num_blocks = burst["num_blocks"] + 1  # vLLM's block pool keeps one as its null block: the same number usable
     cache.num_gpu_blocks = num_blocks
@@ -71,7 +84,7 @@ def step_all(scheduler: Scheduler, hasher, burst: dict) -> list[list[int]]:
                                       arrival_time=0.0, block_hasher=hasher))
     rows = []
     while scheduler.has_requests():
-        running = [request.request_id for request in scheduler.running]
+        running = {request.request_id for request in scheduler.running}
         plan = scheduler.schedule()
         scheduled = plan.num_scheduled_tokens  # request id -> tokens this step
         if not scheduled:  # a step that only retires finished requests
@@ -82,7 +95,9 @@ def step_all(scheduler: Scheduler, hasher, burst: dict) -> list[list[int]]:
         # schedule() has advanced each request's computed tokens: one with all its tokens computed samples the next
         # (a prompt's last chunk, a decode; a preempted request only once it has recomputed its outputs too).
         sampled = [[rng.randrange(1000)] if r.num_computed_tokens >= r.num_tokens else [] for r in requests]
-        decode = sum(1 for i, r in zip(ids, requests) if scheduled[i] == 1 and r.num_output_tokens > 0)
+        # A decode: one token of a running request past its prompt (one entering, even with all but its last token
+        # found in the prefix cache, is prefilling, as the simulator counts it).
+        decode = sum(1 for i, r in zip(ids, requests) if scheduled[i] == 1 and r.num_output_tokens > 0 and i in running)
         preempted = sum(1 for i in running if scheduler.requests[i].status == RequestStatus.PREEMPTED)
         rows.append([sum(scheduled.values()) - decode, decode, len(ids), preempted])
         scheduler.update_from_output(plan, ModelRunnerOutput(req_ids=ids, req_id_to_index={i: k for k, i in
