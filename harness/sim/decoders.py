@@ -27,9 +27,6 @@ class DecodeSet:
         self._finishing: dict[int, dict[int, Request]] = defaultdict(dict)  # step → members done after it
         self._finish_steps: list[int] = []  # min-heap of the keys of `_finishing`, stale ones skipped
         self._longest: list[tuple[int, int]] = []  # max-heap of (-base, request_id), stale entries skipped
-        # The members' tokens into their last block after step s, summed, for each (s + 1) % block_size; None once
-        # the members change (`num_full_blocks` makes it again).
-        self._into_last: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.base)
@@ -43,7 +40,6 @@ class DecodeSet:
         base = num_computed - step
         self.base[rid] = base
         self.sum_base += base
-        self._into_last = None
         self._by_phase[-base % self.block_size][rid] = request
         last = self._last_step(request, base)
         self.sum_last += last
@@ -57,7 +53,6 @@ class DecodeSet:
         rid = request.request_id
         base = self.base.pop(rid)
         self.sum_base -= base
-        self._into_last = None
         del self._by_phase[-base % self.block_size][rid]
         last = self._last_step(request, base)
         self.sum_last -= last
@@ -85,7 +80,6 @@ class DecodeSet:
         if not done:
             return []
         self.sum_last -= step * len(done)
-        self._into_last = None
         for rid in done:
             base = self.base.pop(rid)
             self.sum_base -= base
@@ -100,12 +94,13 @@ class DecodeSet:
         """Full blocks the members' tokens fill once `step` (an int, or an array of steps) has run: each has
         `base + step + 1` computed then, and its residue says how far into its last block that reaches."""
         size = self.block_size
-        if self._into_last is None:  # periodic in the step: one value for each (step + 1) % size
-            offsets = (np.arange(size)[:, None] - np.arange(size)) % size  # [size, size]: (step + 1 - residue) % size
-            self._into_last = offsets @ np.array(self.phase_sizes())
-        into_last = self._into_last[(step + 1) % size]  # a scalar, or [N]
-        filled = self.sum_base + len(self.base) * (step + 1) - into_last
-        return filled // size if isinstance(step, np.ndarray) else int(filled) // size
+        if isinstance(step, np.ndarray):  # periodic in the step: one value for each (step + 1) % size, looked up
+            offsets = (np.arange(size)[:, None] - np.arange(size)) % size  # [size, size]: (s + 1 - residue) % size
+            into_last = (offsets @ np.array(self.phase_sizes()))[(step + 1) % size]  # [N]
+        else:  # one step (each step of a stretch-less run): a short sum beats building arrays
+            into_last = sum(len(group) * ((step + 1 - residue) % size)
+                            for residue, group in enumerate(self._by_phase) if group)
+        return (self.sum_base + len(self.base) * (step + 1) - into_last) // size
 
     def longest_row(self, step: int) -> int:
         """Keys of the longest member's row at `step` (0 with no member)."""
