@@ -62,6 +62,7 @@ def test_a_request_longer_than_the_context_is_rejected_and_the_rest_run(tmp_path
     ("kv_cache.block_size=0", "kv_cache.block_size should be greater than or equal to 1, got 0"),
     ("kv_cache.num_blocks=3", "cannot hold one block for each of the 4 requests"),
     ("strategy.order=random", "strategy.order should be 'decode_first' or 'prefill_first', got 'random'"),
+    ("kv_cache.eviction=lru", "kv_cache.eviction should be 'auto', 'release_order' or 'empty_first', got 'lru'"),
     ("strategy.max_batch_tokens=-5", "strategy.max_batch_tokens should be 'auto' or a whole number >= 1, got -5"),
     # A rate whose arrivals a float clock cannot tell apart from the run's steps (already at 1e-12 TTFTs round).
     ("workload.rate=1e-12", "workload: rate=1e-12 spreads 6 requests over 5e\\+12 s, more than ten years"),

@@ -6,13 +6,13 @@ from functools import partial
 import pandas as pd
 import pytest
 
-from harness.config import compose_config
-from harness.core.kv_cache import CACHE_POLICIES, BlockAllocator
+from harness.config import compose_config, validate
+from harness.core.kv_cache import CACHE_POLICIES, BlockAllocator, CachePolicy
 from harness.core.prefix_cache import prompt_block_hashes
 from harness.core.replay import replay
 from harness.core.replica import build_replica
 from harness.job import run_job
-from harness.sim.replica import simulated_engine
+from harness.sim.replica import simulated_engine, simulated_replicas
 from harness.sim.router import make_router
 from harness.sim.runner import SimRunner
 from strategies import Request, RequestStatus
@@ -200,3 +200,12 @@ def test_a_run_writes_what_it_sent_as_a_mooncake_trace_that_replays_its_sharing(
     assert sum(map(len, hash_ids)) > len({i for ids in hash_ids for i in ids})  # requests share blocks
     replayed = run_job(compose_config([*sim, "workload=mooncake", f"workload.path={trace}"]), tmp_path / "b")
     assert replayed["num_finished"] == 24 and replayed["prefix_hit_rate_tokens"] > 0.3
+
+
+@pytest.mark.parametrize("overrides, eviction, names_output", [
+    ([], "release_order", True), (["runner.engine=sglang"], "empty_first", False),
+    (["kv_cache.eviction=empty_first"], "empty_first", True)])
+def test_a_run_keeps_its_cache_as_its_engine_does_unless_told(overrides, eviction, names_output):
+    cfg = validate(compose_config(["runner=sim", "runner.hardware=h100", "model=llama-2-7b", *overrides]))
+    replicas, *_ = simulated_replicas(cfg)
+    assert replicas[0].allocator.policy == CachePolicy(eviction, names_output)
