@@ -4,6 +4,7 @@ import subprocess
 import sys
 from collections import Counter
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -19,12 +20,13 @@ from harness.sim.costmodel import CalibratedCostModel, RooflineCostModel, StepSh
 from harness.sim.costmodel.calibrated import GridInterpolator
 from harness.sim.costmodel.hardware import Hardware, get_hardware
 from harness.sim.costmodel.startup_memory import profile_run_bytes
+from harness.sim.decoders import DecodeSet
 from harness.sim.engine_profile import get_engine
 from harness.sim.replica import SIMULATED_ENGINES, auto_num_blocks, simulated_engine
 from harness.sim.router import ROUTERS
 from harness.sim.runner import SimRunner
 from harness.sim.sglang import SimSGLang
-from strategies import RequestStatus, sglang
+from strategies import Request, RequestStatus, sglang
 from tests.conftest import ROOT, ScriptedRunner, StepCost, assert_same_records, bare_engine, make_specs
 
 LLAMA_7B = Architecture(32, 4096, 11008, 32, 32, 128, 32000, 2)
@@ -290,6 +292,29 @@ def test_long_decode_stretches_run_in_bulk_with_the_same_records(strategy, optio
         runs.append([engine])
     assert_same_records(*runs)
     assert calls["simulated_engine"] < len(runs[1][0].records.steps) / 3
+
+
+def test_the_decoders_full_blocks_are_kept_step_by_step_as_each_members_own_would_sum():
+    # Members join with any computed count and leave or finish at any step; asked at the next step, after a jump of
+    # several blocks' worth of steps, at a step already passed, or for a stretch, the count is the members' own sum.
+    rng = np.random.default_rng(0)
+    decoders, requests, step = DecodeSet(block_size=4), {}, 0
+    for _ in range(400):
+        action = rng.integers(4)
+        if action == 0 or not decoders:
+            request = Request(len(requests), 0.0, [], int(rng.integers(1, 30)), int(rng.integers(2, 60)))
+            requests[request.request_id] = request
+            decoders.join(request, step, int(rng.integers(request.num_prompt_tokens, request.max_num_tokens)))
+        elif action == 1:
+            decoders.leave(requests[int(rng.choice(list(decoders.base)))], step)
+        elif action == 2:
+            decoders.finishing(int(rng.integers(step - 5, step + 5)))
+        step = max(0, step + int(rng.choice([1, 1, 1, 9, -3])))
+        expected = sum((base + step + 1) // 4 for base in decoders.base.values())
+        assert decoders.num_full_blocks(step) == expected
+        stretch = step + np.arange(7)
+        assert decoders.num_full_blocks(stretch).tolist() == [
+            sum((base + s + 1) // 4 for base in decoders.base.values()) for s in stretch]
 
 
 def test_sglang_outputs_beyond_its_estimates_clip_make_the_same_records(monkeypatch):

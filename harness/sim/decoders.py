@@ -27,6 +27,10 @@ class DecodeSet:
         self._finishing: dict[int, dict[int, Request]] = defaultdict(dict)  # step → members done after it
         self._finish_steps: list[int] = []  # min-heap of the keys of `_finishing`, stale ones skipped
         self._longest: list[tuple[int, int]] = []  # max-heap of (-base, request_id), stale entries skipped
+        # The members' full blocks once step `_full_step` has run, kept as they join and leave and moved on by
+        # `num_full_blocks`: a member fills a block every block_size steps, at the steps its residue says.
+        self._full_blocks = 0
+        self._full_step = 0
 
     def __len__(self) -> int:
         return len(self.base)
@@ -40,6 +44,7 @@ class DecodeSet:
         base = num_computed - step
         self.base[rid] = base
         self.sum_base += base
+        self._full_blocks += (base + self._full_step + 1) // self.block_size
         self._by_phase[-base % self.block_size][rid] = request
         last = self._last_step(request, base)
         self.sum_last += last
@@ -53,6 +58,7 @@ class DecodeSet:
         rid = request.request_id
         base = self.base.pop(rid)
         self.sum_base -= base
+        self._full_blocks -= (base + self._full_step + 1) // self.block_size
         del self._by_phase[-base % self.block_size][rid]
         last = self._last_step(request, base)
         self.sum_last -= last
@@ -83,6 +89,7 @@ class DecodeSet:
         for rid in done:
             base = self.base.pop(rid)
             self.sum_base -= base
+            self._full_blocks -= (base + self._full_step + 1) // self.block_size
             del self._by_phase[-base % self.block_size][rid]
         return list(done.values())
 
@@ -91,16 +98,22 @@ class DecodeSet:
         return self.sum_base + len(self.base) * (step + 1)
 
     def num_full_blocks(self, step):
-        """Full blocks the members' tokens fill once `step` (an int, or an array of steps) has run: each has
-        `base + step + 1` computed then, and its residue says how far into its last block that reaches."""
+        """Full blocks the members' tokens fill once `step` (an int, or an array of consecutive steps) has run:
+        each has `base + step + 1` computed then."""
         size = self.block_size
-        if isinstance(step, np.ndarray):  # periodic in the step: one value for each (step + 1) % size, looked up
-            offsets = (np.arange(size)[:, None] - np.arange(size)) % size  # [size, size]: (s + 1 - residue) % size
-            into_last = (offsets @ np.array(self.phase_sizes()))[(step + 1) % size]  # [N]
-        else:  # one step (each step of a stretch-less run): a short sum beats building arrays
-            into_last = sum(len(group) * ((step + 1 - residue) % size)
-                            for residue, group in enumerate(self._by_phase) if group)
-        return (self.sum_base + len(self.base) * (step + 1) - into_last) // size
+        if isinstance(step, np.ndarray):  # a stretch: from its first step on, the members filling a block at each
+            filling = np.array(self.phase_sizes())[(step[1:] + 1) % size]  # [N - 1]
+            return self.num_full_blocks(int(step[0])) + np.concatenate(([0], np.cumsum(filling)))
+        delta = step - self._full_step
+        if delta < 0:  # a step already passed: counted afresh
+            self._full_blocks = sum((base + step + 1) // size for base in self.base.values())
+        else:  # every member fills one block in each block_size steps; the rest, step by step
+            periods, rest = divmod(delta, size)
+            self._full_blocks += periods * len(self.base)
+            for t in range(step - rest + 1, step + 1):
+                self._full_blocks += len(self._by_phase[(t + 1) % size])
+        self._full_step = step
+        return self._full_blocks
 
     def longest_row(self, step: int) -> int:
         """Keys of the longest member's row at `step` (0 with no member)."""
