@@ -89,6 +89,9 @@ class BlockCount(CachePool):
         while num_blocks:
             key = next(iter(runs))
             run = runs[key]
+            if run[0] is None and run[1] > num_blocks:  # the common case: blocks holding nothing at the head
+                run[1] -= num_blocks
+                return
             taken = min(run[1], num_blocks)
             run[1] -= taken
             num_blocks -= taken
@@ -100,29 +103,32 @@ class BlockCount(CachePool):
                 self._group_run.pop(run[0], None)
 
     def give(self, num_blocks: int, request_id: int | None = None, num_named: int = 0) -> None:
-        """Give back `num_blocks`; the first `num_named` of them (the request's named blocks) stay cached."""
+        """Give back `num_blocks`; the first `num_named` of them (the request's named blocks) stay cached, one run at
+        the tail of the free order."""
         self.num_used_blocks -= num_blocks
         if not self.prefix_caching:
             return
-        self._free_run(None, num_blocks - num_named, first=self.policy.eviction == "empty_first")
+        if num_blocks > num_named:
+            self._free_empty(num_blocks - num_named)
         if num_named:
-            self._group_run[request_id] = self._free_run(request_id, num_named, first=False)
+            key, self._next_key = self._next_key, self._next_key + 1
+            self._runs[key] = [request_id, num_named]
+            self._group_run[request_id] = key
             self.num_evictable_blocks += num_named
 
-    def _free_run(self, request_id: int | None, count: int, first: bool) -> int:
-        """Put `count` free blocks at the head (`first`) or the tail of the order; returns their run's key."""
-        if count == 0:
-            return -1
-        if self._runs:
-            key = next(iter(self._runs)) if first else next(reversed(self._runs))
-            if request_id is None and self._runs[key][0] is None:
-                self._runs[key][1] += count  # blocks holding nothing beside blocks holding nothing: one run
-                return key
+    def _free_empty(self, count: int) -> None:
+        """`count` blocks holding nothing join the free order: at its head (`empty_first`) or its tail, in one run
+        with the blocks holding nothing there, if any."""
+        runs, first = self._runs, self.policy.eviction == "empty_first"
+        if runs:
+            end = runs[next(iter(runs)) if first else next(reversed(runs))]
+            if end[0] is None:
+                end[1] += count
+                return
         key, self._next_key = self._next_key, self._next_key + 1
-        self._runs[key] = [request_id, count]
+        runs[key] = [None, count]
         if first:
-            self._runs.move_to_end(key, last=False)
-        return key
+            runs.move_to_end(key, last=False)
 
     def num_cached_blocks_of(self, request_id: int) -> int:
         key = self._group_run.get(request_id)

@@ -105,7 +105,9 @@ class DecodeSet:
             filling = np.array(self.phase_sizes())[(step[1:] + 1) % size]  # [N - 1]
             return self.num_full_blocks(int(step[0])) + np.concatenate(([0], np.cumsum(filling)))
         delta = step - self._full_step
-        if delta < 0:  # a step already passed: counted afresh
+        if delta == 1:  # the common case: the next step
+            self._full_blocks += len(self._by_phase[(step + 1) % size])
+        elif delta < 0:  # a step already passed: counted afresh
             self._full_blocks = sum((base + step + 1) // size for base in self.base.values())
         else:  # every member fills one block in each block_size steps; the rest, step by step
             periods, rest = divmod(delta, size)

@@ -121,7 +121,7 @@ class SimEngine(Engine):
     def _finishing(self, step: int) -> list[Request]:
         """The decoders whose last token comes from `step`; they leave the decoders, their blocks all named."""
         done = self.decoders.finishing(step)
-        if self._names_output:
+        if done and self._names_output:
             for request in done:
                 self._name(request, request.max_num_tokens)
         return done
