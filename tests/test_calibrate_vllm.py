@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from harness.sim import calibrate
-from harness.sim.calibrate import default_params, fit, repeat_table, simulate
+from harness.sim.calibrate import default_params, fit, repeat_table, run_replica, simulate
 from harness.sim.measured import MeasuredRunError, load_measured_runs
 from tests.conftest import ROOT
 
@@ -137,6 +137,11 @@ def test_a_sweeps_setup_file_says_what_its_run_folders_do_not(tmp_path):
     # A run folder's setup is held to what a published run's is: a host's bandwidth says where it was read.
     with pytest.raises(MeasuredRunError, match="setup.host_bandwidth_gbps must be a positive number of GB/s"):
         load_measured_runs([str(MEASURED / "rate-4")], {"host_bandwidth_gbps": 1760})
+    # Which free block its engine took next: vLLM 0.32's order here, where a run says so; a wrong name is refused.
+    run = load_measured_runs([str(MEASURED / "rate-4")], {"eviction": "empty_first"})[0]
+    assert run_replica(run, default_params(run)).allocator.policy.eviction == "empty_first"
+    with pytest.raises(MeasuredRunError, match="setup.eviction is 'lru'; it must be auto or one of release_order"):
+        load_measured_runs([str(MEASURED / "rate-4")], {"eviction": "lru"})
 
 
 def test_a_run_whose_engine_scheduled_each_step_after_the_last_is_replayed_so():

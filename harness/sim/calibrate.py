@@ -90,6 +90,7 @@ def run_replica(run: MeasuredRun, params: RooflineParams):
         engine_class=simulated_engine,
         prefix_caching=run.prefix_caching,
         scheduler=profile.scheduler,
+        eviction=run.eviction,
     )
 
 

@@ -91,7 +91,7 @@ class SimEngine(Engine):
         return cached * self.allocator.block_size
 
     def _take_cached(self, request: Request) -> int:
-        """`request` enters holding its cached prompt blocks again; returns how many."""
+        """`request` enters holding its cached blocks again; returns how many."""
         count = self.allocator.reclaim(request.request_id)
         if count:
             self.held[request.request_id] = self.held.get(request.request_id, 0) + count
@@ -155,7 +155,7 @@ class SimEngine(Engine):
         self._done(request, end_s)
 
     def _start_chunks(self, chunks: list[tuple[Request, int, int]]) -> tuple[int, int, int, int, int, int]:
-        """Prefill chunks (request, first token, tokens) about to run: their prompt blocks named, first scheduling
+        """Prefill chunks (request, first token, tokens) about to run: their full blocks named, first scheduling
         stamped. Returns their tokens, keys read, query-key pairs, sampled tokens, decode pairs (a one-token row)
         and masked pairs, as `step_shape` counts them."""
         tokens = keys = pairs = num_sampled = decode_pairs = masked_pairs = 0

@@ -25,6 +25,7 @@ from omegaconf import OmegaConf
 
 from harness.analysis.results import find_run_folders, read_status
 from harness.config import ENDPOINTS
+from harness.core.kv_cache import EVICTION_ORDERS
 from harness.model_spec import described_model
 from harness.sim.engine_profile import fixture_engine
 from workloads import RequestSpec
@@ -98,6 +99,12 @@ class MeasuredRun:
         return float(gbps) * 1e9 if gbps is not None else None
 
     @property
+    def eviction(self) -> str:
+        """Which free block its engine handed out next (`setup.eviction`, `kv_cache.eviction`'s choices; auto: the
+        engine's as the profile's scheduler keeps them, `harness.core.kv_cache.CACHE_POLICIES`)."""
+        return str(self.setup.get("eviction", "auto"))
+
+    @property
     def host_compute_share(self) -> float:
         """The share of the engine profile's compute its host reached, where a run of that host shows it
         (`setup.host_compute_share`, with `setup.host_compute_from` saying which); 1: the profile's."""
@@ -105,10 +112,11 @@ class MeasuredRun:
 
     @property
     def prefix_caching(self) -> bool:
-        """Whether the engine kept computed prompt blocks cached (`setup.prefix_caching`; else its default: on in
-        vLLM's V1 engine and SGLang, off in vLLM 0.5). With it, a request preempted for want of blocks finds its
-        computed prompt blocks again unless they were evicted since, instead of computing them anew: a cache that
-        holds one long prompt at a time would otherwise recompute every chunk of the next one at each preemption."""
+        """Whether the engine kept computed blocks cached (`setup.prefix_caching`; else its default: on in vLLM's V1
+        engine and SGLang, off in vLLM 0.5). With it, a request preempted for want of blocks finds the blocks it had
+        computed (as its engine names them) again unless they were evicted since, instead of computing them anew: a
+        cache that holds one long prompt at a time would otherwise recompute every chunk of the next one at each
+        preemption."""
         return bool(self.setup.get("prefix_caching", fixture_engine(self.setup) != "vllm-0.5"))
 
 
@@ -172,6 +180,9 @@ def check_setup(setup: dict, path: Path) -> None:
     if setup.get("endpoint", "completions") not in ENDPOINTS:
         raise MeasuredRunError(f"measured run {str(path)!r}: setup.endpoint is {setup['endpoint']!r}; it must be "
                                f"one of {', '.join(ENDPOINTS)} (the API its client called)")
+    if setup.get("eviction", "auto") not in ("auto", *EVICTION_ORDERS):
+        raise MeasuredRunError(f"measured run {str(path)!r}: setup.eviction is {setup['eviction']!r}; it must be "
+                               f"auto or one of {', '.join(EVICTION_ORDERS)} (which free block its engine took next)")
     bandwidth = setup.get("host_bandwidth_gbps")
     if bandwidth is not None and not (isinstance(bandwidth, int | float) and not isinstance(bandwidth, bool)
                                       and bandwidth > 0 and setup.get("host_bandwidth_from")):

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from harness.config import server_python
-from harness.core.kv_cache import EVICTION_ORDERS
+from harness.core.kv_cache import CACHE_POLICIES, EVICTION_ORDERS
 from harness.core.replay import replay
 from harness.core.replica import build_replica
 from harness.sim.calibrate import default_params, run_replica
@@ -65,7 +65,8 @@ def burst_of(run: MeasuredRun) -> dict:
         "max_num_batched_tokens": engine.strategy.max_batch_tokens,
         "prefix_caching": run.prefix_caching,
         "admission": "next_chunk",  # the V1 engines of 0.10-0.19 that published runs used (`vllm-v1`)
-        "eviction": "release_order",  # and their free block queue (`harness.core.kv_cache.CACHE_POLICIES`)
+        # And their free block queue (`harness.core.kv_cache.CACHE_POLICIES`), unless the run says otherwise.
+        "eviction": CACHE_POLICIES["vllm"].eviction if run.eviction == "auto" else run.eviction,
     }
 
 
