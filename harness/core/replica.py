@@ -25,10 +25,10 @@ def build_replica(strategy: str, options: dict, make_runner: Callable[[BlockAllo
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    policy = CACHE_POLICIES[scheduler]
+    cache_policy = CACHE_POLICIES[scheduler]
     if eviction != "auto":
-        policy = replace(policy, eviction=eviction)
-    allocator = BlockAllocator(num_blocks, block_size, prefix_caching, policy)
+        cache_policy = replace(cache_policy, eviction=eviction)
+    allocator = BlockAllocator(num_blocks, block_size, prefix_caching, cache_policy)
     try:
         policy_class = CONTINUOUS_SCHEDULERS[scheduler] if strategy == "continuous" else STRATEGIES[strategy]
         policy = policy_class(allocator, **options)

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from harness.config import server_python
-from harness.core.kv_cache import CACHE_POLICIES, EVICTION_ORDERS
+from harness.core.kv_cache import EVICTION_ORDERS
 from harness.core.replay import replay
 from harness.core.replica import build_replica
 from harness.sim.calibrate import default_params, run_replica
@@ -55,7 +55,7 @@ def burst_of(run: MeasuredRun) -> dict:
                          "independently of step times; this run's requests arrive over time")
     if get_engine(fixture_engine(run.setup)).scheduler != "vllm":
         raise ValueError(f"{run.name}: its engine ({fixture_engine(run.setup)}) does not schedule as vLLM does")
-    engine = run_replica(run, default_params(run))  # built, not run: only its cache and caps are read
+    engine = run_replica(run, default_params(run))  # built, not run: only its cache, caps and policies are read
     return {
         "prompt_lens": [spec.prompt_len for spec in run.requests],
         "output_lens": [spec.max_new_tokens for spec in run.requests],
@@ -64,9 +64,9 @@ def burst_of(run: MeasuredRun) -> dict:
         "max_num_seqs": engine.strategy.max_num_seqs,
         "max_num_batched_tokens": engine.strategy.max_batch_tokens,
         "prefix_caching": run.prefix_caching,
-        "admission": "next_chunk",  # the V1 engines of 0.10-0.19 that published runs used (`vllm-v1`)
-        # And their free block queue (`harness.core.kv_cache.CACHE_POLICIES`), unless the run says otherwise.
-        "eviction": CACHE_POLICIES["vllm"].eviction if run.eviction == "auto" else run.eviction,
+        # As the run's engine admits and evicts (vLLM 0.10-0.19's, unless the run says otherwise).
+        "admission": engine.strategy.admission,
+        "eviction": engine.allocator.policy.eviction,
     }
 
 
