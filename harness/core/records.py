@@ -48,8 +48,11 @@ class StepLog:
         """Steps given column by column (numpy arrays of one length, or scalars repeated over it)."""
         n = max(np.size(v) for v in columns.values())
         for name, column in self._columns.items():
-            values = np.broadcast_to(np.asarray(columns[name], dtype=_DTYPES[STEP_COLUMNS[name]]), (n,))
-            column.frombytes(np.ascontiguousarray(values).tobytes())
+            values = columns[name]
+            if np.ndim(values) == 0:  # a scalar repeated: no array built (a low load's stretches are a few steps)
+                column.extend(array(column.typecode, (values,)) * n)
+            else:
+                column.frombytes(np.ascontiguousarray(values, dtype=_DTYPES[STEP_COLUMNS[name]]).tobytes())
 
     def column(self, name: str) -> np.ndarray:
         """A read-only view of one column."""

@@ -131,10 +131,10 @@ class SimContinuous(SimEngine):
         n = len(decoders)
         keys = decoders.sum_base + n * (step + 1 + np.arange(num_steps))  # [N] one more key a decoder a step
         steps = step + np.arange(num_steps)  # [N]
-        cached = self.num_cached_blocks(steps) - self.allocator.num_evicted_by(taken[:num_steps])  # [N]
         ran = self._run_steps(step, arrivals, StepShape(False, n, n, keys, keys, n, keys), num_decode=n, num_padding=0,
                               row_width=0, kv_used_blocks=self.allocator.num_used_blocks + taken[:num_steps],
-                              kv_cached_blocks=cached)
+                              kv_cached_blocks=lambda ran: self.num_cached_blocks(steps[:ran])
+                              - self.allocator.num_evicted_by(taken[:ran]))
         self.allocator.take(int(taken[ran - 1]))
         for rid, base in decoders.base.items():  # each holds the blocks of its cached tokens
             self.held[rid] = self.allocator.num_blocks_for(base + step + ran)

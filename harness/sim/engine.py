@@ -226,8 +226,9 @@ class SimEngine(Engine):
     def _run_steps(self, step: int, arrivals: Arrivals, shape: StepShape, *, num_decode: int, num_padding: int,
                    row_width: int, kv_used_blocks, kv_cached_blocks) -> int:
         """Decode-only steps from `step`, one per entry of `shape`'s arrays, in which only the clock, the keys read
-        and (`kv_used_blocks`, `kv_cached_blocks`: scalars or per step) the blocks held and cached change; returns
-        how many ran. Stops before
+        and the blocks held (`kv_used_blocks`: a scalar or per step) and cached (`kv_cached_blocks(n)`: for the first
+        n steps, asked only for those that ran: at a low load an arrival ends most stretches after a few) change;
+        returns how many ran. Stops before
         another replica's clock, or an arrival another replica may get (the replay loop routes it first) or this
         one would admit (`_may_admit`); arrivals before that are queued (a lone replica takes them itself)."""
         busy = self.runner.cost_model.predict_many(shape)  # [N]
@@ -252,7 +253,7 @@ class SimEngine(Engine):
             num_prefill_tokens=0, num_decode_tokens=num_decode, num_padding_tokens=num_padding,
             num_rows=num_decode + num_padding, row_width=row_width, num_preempted=0, num_waiting=waiting[:n],
             num_seqs=num_decode, kv_used_blocks=np.broadcast_to(kv_used_blocks, len(busy))[:n], num_lookup_tokens=0,
-            num_cached_tokens=0, kv_cached_blocks=np.broadcast_to(kv_cached_blocks, len(busy))[:n])
+            num_cached_tokens=0, kv_cached_blocks=kv_cached_blocks(n))
         self.records.gaps_per_step.extend([num_decode] * n)
         self.num_output_tokens += num_decode * n
         self.clock = float(ends[n - 1])

@@ -53,7 +53,7 @@ class SimPadded(SimEngine):
         keys = rows * (self.decoders.longest_row(step) + np.arange(num_steps))  # [N] the longest row grows
         ran = self._run_steps(step, arrivals, StepShape(True, rows, rows, keys, keys, rows, keys), num_decode=num_live,
                               num_padding=rows - num_live, row_width=1, kv_used_blocks=self.allocator.num_used_blocks,
-                              kv_cached_blocks=self.num_cached_blocks(step + np.arange(num_steps)))
+                              kv_cached_blocks=lambda ran: self.num_cached_blocks(step + np.arange(ran)))
         self._finished(self._finishing(step + ran - 1), self.clock)
         return True
 

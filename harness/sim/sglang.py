@@ -277,12 +277,12 @@ class SimSGLang(SimEngine):
                     return False
         decoders, n = self.decoders, len(self.decoders)
         keys = decoders.sum_base + n * (batches[:num_steps] + 1)  # [N] one more key a decoder a batch
-        cached = self.num_cached_blocks(step) - self.allocator.num_evicted_by(taken[:num_steps])  # [N]
         self._stretch = head, room[:num_steps], free_blocks[:num_steps]
         ran = self._run_steps(step, arrivals, StepShape(False, n, n, keys, keys, n, keys), num_decode=n,
                               num_padding=0, row_width=0,
                               kv_used_blocks=self.allocator.num_used_blocks + taken[:num_steps],
-                              kv_cached_blocks=cached)
+                              kv_cached_blocks=lambda ran: self.num_cached_blocks(step)
+                              - self.allocator.num_evicted_by(taken[:ran]))
         self._stretch = None
         self.allocator.take(int(taken[ran - 1]))
         self.new_token_ratio = float(ratios[ran])
