@@ -9,15 +9,22 @@ the forward pass's activations are freed before the sampler runs, so the larger 
 - The forward pass's widest moment is an MLP: the residual stream and its normed copy beside the gate-up output
   and its activation (3 x the width a GPU holds); a fused MoE holds each token's `experts_per_token` rows of them
   and their outputs, un-summed.
-- The sampler holds the logits in fp32 and their probabilities, 8 bytes a logit. FlashInfer's sort-free top-k/top-p
-  kernel (`VLLM_USE_FLASHINFER_SAMPLER`, on by default in current vLLM) needs no more; PyTorch's path would sort
-  them too (values and int64 indices, 20 bytes a logit: 3.1 GB for 1,024 rows of Qwen3's 151,936), more than
-  GPUStack's H100 runs of Qwen3-32B left room for — they served 32,100-token requests, which a 3.3 GB reserve
-  would not fit.
+- The sampler's moment holds the logits four times over: as the LM head wrote them (the model's dtype), their fp32
+  copy (`Sampler.forward`; temperature divides it in place), and FlashInfer's top-k-masked copy and its softmax
+  (`top_k_top_p_sampling_from_logits`, top-k first, FlashInfer 0.3.1): 14 bytes a bf16 logit, 2.2 GB for 1,024
+  rows of Qwen3's 151,936. vLLM 0.10-0.11 samples through FlashInfer unless `VLLM_USE_FLASHINFER_SAMPLER=0`
+  (`TopKTopPSampler`, vLLM 0.11.0), and its dummy requests ask for top-k and top-p both. GPUStack's H100 runs of
+  Qwen3-32B bound it from above: they served 32,100-token requests at `--max-model-len 32768`, which vLLM starts
+  only with a cache of 2,048 blocks of 16, and this count leaves 2,069 (PyTorch's sorting path, 8 bytes a logit
+  more, would leave 1,773; the run's hidden states, 0.1 GB beside the logits, are left out: with them the count
+  would fall 4 blocks short, within what the 0.16 GiB outside torch below, an older engine's figure, leaves
+  open). Counted at 8 bytes a logit (fp32 logits and probabilities alone) the cache came out 2% larger for
+  Qwen3-14B and 9% for Qwen3-32B on an H100, and the H100's bursts of 2,000-token prompts, whose TPOT follows
+  how many requests decode beside each prompt chunk, 10-11% long in TPOT (README, "Grounding").
 - Memory outside torch (CUDA libraries' workspaces): 0.16 GiB in vLLM's own log on an H100 at one GPU (PR #12126,
   "non_torch_memory takes 0.16GiB"). More GPUs add communicators' buffers, which no figure here covers.
 
-Where the weights leave little room (Qwen3-32B on an 80 GB GPU: 11 GB beside them), this is a seventh of the cache,
+Where the weights leave little room (Qwen3-32B on an 80 GB GPU: 11 GB beside them), this is a fifth of that room,
 and the concurrency a burst reaches follows it: GPUStack's H100 page measured a peak of 186 output tokens a second
 on 4,000-token prompts at 43 ms a decode step, 8 requests decoding at once, where a cache with nothing held back
 holds 10 (README, "Simulation").
@@ -38,7 +45,7 @@ from harness.config import DEFAULT_MEMORY_FRACTION
 
 MIB = 2**20
 NON_TORCH_BYTES = 0.16 * 2**30
-SAMPLER_BYTES_PER_LOGIT = 8  # fp32 logits and their probabilities
+SAMPLER_FP32_COPIES = 3  # of each logit beside the LM head's own: fp32 logits, their top-k mask, its softmax
 # SGLang's defaults by the GPU's memory: (below this many MiB, chunked-prefill chunk, largest decode graph batch under
 # 4 GPUs, at 4 or more).
 SGLANG_MEMORY_CLASSES = ((20 * 1024, 2048, 8, 8), (35 * 1024, 2048, 24, 80), (60 * 1024, 4096, 32, 160),
@@ -59,9 +66,13 @@ def forward_peak_bytes(arch: Architecture, num_tokens: int, tensor_parallel: int
 def profile_run_bytes(arch: Architecture, max_batch_tokens: int, max_num_seqs: int, tensor_parallel: int = 1,
                       expert_parallel: bool = False) -> float:
     """Bytes each GPU holds back from its KV cache for vLLM's profile run at these caps."""
-    sampler = min(max_num_seqs, max_batch_tokens) * arch.vocab_size * SAMPLER_BYTES_PER_LOGIT
     forward = forward_peak_bytes(arch, max_batch_tokens, tensor_parallel, expert_parallel)
-    return NON_TORCH_BYTES + max(forward, sampler)
+    return NON_TORCH_BYTES + max(forward, sampler_peak_bytes(arch, min(max_num_seqs, max_batch_tokens)))
+
+
+def sampler_peak_bytes(arch: Architecture, num_rows: int) -> float:
+    """The logits vLLM's dummy sampler run holds at once, `[R, vocab]`: in the model's dtype and three fp32 copies."""
+    return num_rows * arch.vocab_size * (arch.bytes_per_param + 4 * SAMPLER_FP32_COPIES)
 
 
 def sglang_mem_fraction_static(memory_bytes: float, tensor_parallel: int = 1) -> float:
