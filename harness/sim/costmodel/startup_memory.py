@@ -12,15 +12,19 @@ the forward pass's activations are freed before the sampler runs, so the larger 
 - The sampler's moment holds the logits four times over: as the LM head wrote them (the model's dtype), their fp32
   copy (`Sampler.forward`; temperature divides it in place), and FlashInfer's top-k-masked copy and its softmax
   (`top_k_top_p_sampling_from_logits`, top-k first, FlashInfer 0.3.1): 14 bytes a bf16 logit, 2.2 GB for 1,024 rows
-  of Qwen3's 151,936. vLLM 0.11 samples through FlashInfer (where installed) unless `VLLM_USE_FLASHINFER_SAMPLER=0`
-  (`TopKTopPSampler`, vLLM 0.11.0), and its dummy requests ask for top-k and top-p both. GPUStack's H100 runs of
-  Qwen3-32B bound it from above: they served 32,100-token requests at `--max-model-len 32768`, which vLLM starts
-  only with a cache of 2,048 blocks of 16, and this count leaves 2,069 (PyTorch's sorting path, 8 bytes a logit
-  more, would leave 1,773; the run's hidden states, 0.1 GB beside the logits, are left out: with them the count
-  would fall 4 blocks short, within what the 0.16 GiB outside torch below, an older engine's figure, leaves open).
-  Counted at 8 bytes a logit (fp32 logits and probabilities alone) the cache came out 2% larger for Qwen3-14B and 9%
-  for Qwen3-32B on an H100, and the H100's bursts of 2,000-token prompts, whose TPOT follows how many requests
-  decode beside each prompt chunk, 10-11% long in TPOT (README, "Grounding").
+  of Qwen3's 151,936. vLLM 0.10-0.11 sample through FlashInfer where it is installed (`TopKTopPSampler`, read in the
+  0.11.0 wheel), and its dummy requests ask for top-k and top-p both; vLLM 0.19 holds as much another way (a Triton
+  kernel masks the fp32 logits in place, then the softmax and `random_sample`'s exponential draws, 4 bytes each), so
+  the count holds for every published V1 run here. vLLM 0.12-0.16 made FlashInfer opt-in and sorted the logits
+  (values and int64 indices beside the probabilities and masks, some 28 bytes a logit), which this count does not
+  follow: the sort's values and indices alone would leave GPUStack's Qwen3-32B runs below about 1,620 blocks, too
+  few for them to have started. GPUStack's H100 runs of Qwen3-32B bound it from above: they served 32,100-token
+  requests at `--max-model-len 32768`, which vLLM starts only with a cache of 2,048 blocks of 16, and this count
+  leaves 2,069 (the run's hidden states, 0.1 GB beside the logits, are left out: with them the count would fall 4
+  blocks short, within what the 0.16 GiB outside torch below, an older engine's figure, leaves open). Counted at 8
+  bytes a logit (fp32 logits and probabilities alone) the cache came out 2% larger for Qwen3-14B and 9% for
+  Qwen3-32B on an H100, and the H100's bursts of 2,000-token prompts, whose TPOT follows how many requests decode
+  beside each prompt chunk, 10-11% long in TPOT (README, "Grounding").
 - Memory outside torch (CUDA libraries' workspaces): 0.16 GiB in vLLM's own log on an H100 at one GPU (PR #12126,
   "non_torch_memory takes 0.16GiB"). More GPUs add communicators' buffers, which no figure here covers.
 
