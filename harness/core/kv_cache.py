@@ -81,7 +81,7 @@ class BlockCount(CachePool):
         return self.num_blocks - self.num_used_blocks
 
     def take(self, num_blocks: int) -> None:
-        assert num_blocks <= self.num_blocks - self.num_used_blocks, "took blocks the cache does not have"
+        assert num_blocks <= self.num_free_blocks, "took blocks the cache does not have"
         self.num_used_blocks += num_blocks
         if not self.prefix_caching:
             return

@@ -122,15 +122,15 @@ class SimContinuous(SimEngine):
         num_steps = self.decoders.next_finish() - step + 1
         if num_steps < MIN_RUN_STEPS:
             return False
+        steps = step + np.arange(num_steps)  # [N]
         phases = np.array(self.decoders.phase_sizes())
-        taken = np.cumsum(phases[(step + np.arange(num_steps)) % len(phases)])  # [N] new blocks by each step's end
+        taken = np.cumsum(phases[steps % len(phases)])  # [N] new blocks by each step's end
         num_steps = int(np.searchsorted(taken, self.allocator.num_free_blocks, side="right"))
         if num_steps < MIN_RUN_STEPS:
             return False
         decoders = self.decoders
         n = len(decoders)
-        keys = decoders.sum_base + n * (step + 1 + np.arange(num_steps))  # [N] one more key a decoder a step
-        steps = step + np.arange(num_steps)  # [N]
+        keys = decoders.sum_base + n * (steps[:num_steps] + 1)  # [N] one more key a decoder a step
         ran = self._run_steps(step, arrivals, StepShape(False, n, n, keys, keys, n, keys), num_decode=n, num_padding=0,
                               row_width=0, kv_used_blocks=self.allocator.num_used_blocks + taken[:num_steps],
                               kv_cached_blocks=lambda ran: self.num_cached_blocks(steps[:ran])
