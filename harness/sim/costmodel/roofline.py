@@ -114,8 +114,11 @@ class RooflineCostModel:
         return shape.attention_pairs - shape.masked_pairs if self._skips_masked else shape.attention_pairs
 
     def attention_flops(self, shape: StepShape):
+        return self._attention_flops(shape, self.attention_pairs(shape))
+
+    def _attention_flops(self, shape: StepShape, pairs):
+        """`attention_flops` given the step's `attention_pairs`, which a step's time reads twice."""
         a = self.arch
-        pairs = self.attention_pairs(shape)
         prefill_pairs = pairs - shape.decode_pairs
         per_layer = self._prefill_pair_flops * prefill_pairs + self._decode_pair_flops * shape.decode_pairs
         full = a.num_full_layers * per_layer
@@ -192,11 +195,11 @@ class RooflineCostModel:
                                            self._expert_bytes_of(busiest) / memory)
             seconds = seconds + a.num_moe_layers * busiest * self.engine.expert_overhead_s
         kv_per_gpu = self.kv_bytes(shape) / a.kv_shards(n)
+        pairs = self.attention_pairs(shape)
         attention_compute = compute
         if self._flash_attention:
-            keys_per_query = self.attention_pairs(shape) / shape.num_tokens
-            attention_compute = self.hardware.attention_share(keys_per_query) * self._host_compute_share * n
-        attention = np.maximum(self.attention_flops(shape) / (self.hardware.peak_flops * attention_compute),
+            attention_compute = self.hardware.attention_share(pairs / shape.num_tokens) * self._host_compute_share * n
+        attention = np.maximum(self._attention_flops(shape, pairs) / (self.hardware.peak_flops * attention_compute),
                                kv_per_gpu / memory)
         between_gemms = self._activation_bytes * shape.num_tokens / memory
         return seconds + attention + between_gemms + self.allreduce_s(shape)
