@@ -42,7 +42,8 @@ def run_job(raw: DictConfig, run_dir: Path) -> dict:
             replay(replicas, workload.requests, route, progress=cfg.progress, desc=cfg.strategy.name,
                    max_concurrency=cfg.workload.max_concurrency,
                    frontend_latency_s=frontend_latency(engine, cfg.runner.endpoint) if engine else 0.0,
-                   frontend_service_s=engine.frontend_service_s if engine else 0.0)
+                   frontend_service_s=engine.frontend_service_s if engine else 0.0,
+                   frontend_batches=bool(engine and engine.frontend_batches))
     except RunInterrupted as stop:
         interrupted = stop  # write what was measured, marked partial, then let the entry point say so
     else:

@@ -16,7 +16,7 @@ from tests.conftest import ScriptedRunner, StepCost, make_specs
 from workloads import build_workload
 
 
-def run_client(specs, max_concurrency, step_s=0.01, max_num_seqs=16, latency_s=0.0, service_s=0.0):
+def run_client(specs, max_concurrency, step_s=0.01, max_num_seqs=16, latency_s=0.0, service_s=0.0, batches=False):
     engine = build_replica(
         "continuous",
         dict(max_batch_tokens=64, max_num_seqs=max_num_seqs),
@@ -27,7 +27,8 @@ def run_client(specs, max_concurrency, step_s=0.01, max_num_seqs=16, latency_s=0
     )
     from harness.core.replay import replay
 
-    replay([engine], specs, max_concurrency=max_concurrency, frontend_latency_s=latency_s, frontend_service_s=service_s)
+    replay([engine], specs, max_concurrency=max_concurrency, frontend_latency_s=latency_s, frontend_service_s=service_s,
+           frontend_batches=batches)
     return sorted(engine.records.requests, key=lambda r: r.request_id)
 
 
@@ -97,6 +98,32 @@ def test_the_front_end_hands_requests_on_one_at_a_time():
     assert [r.first_scheduled_s for r in requests[1:]] == pytest.approx([0.04] * 3)  # after the first's step
     together = run_client(make_specs([(6, 4)] * 4), max_concurrency=None, latency_s=0.03, step_s=0.01)
     assert [r.first_scheduled_s for r in together] == pytest.approx([0.03] * 4)
+
+
+def test_a_front_end_that_batches_hands_a_burst_over_as_one_once_it_has_parsed_it():
+    """vLLM 0.11's API server: every request of a burst is parsed before any reaches the engine, and then all do;
+    a request sent while the front end is busy waits for the next batch; one sent to an idle front end goes alone."""
+    specs = make_specs([(6, 4)] * 4 + [(6, 4)])
+    specs[-1] = dataclasses.replace(specs[-1], arrival_s=0.005)  # arrives while the burst is being parsed
+    requests = run_client(specs, max_concurrency=None, latency_s=0.003, service_s=0.002, step_s=0.01, batches=True)
+    assert [r.sent_s for r in requests] == [0.0] * 4 + [0.005]
+    assert [r.first_scheduled_s for r in requests[:4]] == pytest.approx([0.008] * 4)  # 4 x 2 ms, then together
+    assert requests[4].first_scheduled_s == pytest.approx(0.018)  # its batch: parsed 8-10 ms, in at the next step
+    sparse = make_specs([(6, 4)] * 3)
+    sparse = [dataclasses.replace(s, arrival_s=i * 1.0) for i, s in enumerate(sparse)]
+    one_by_one = run_client(sparse, max_concurrency=None, latency_s=0.003, service_s=0.002)
+    batched = run_client(sparse, max_concurrency=None, latency_s=0.003, service_s=0.002, batches=True)
+    assert [r.first_scheduled_s for r in batched] == pytest.approx([r.first_scheduled_s for r in one_by_one])
+    assert [r.first_scheduled_s for r in batched] == pytest.approx([0.003, 1.003, 2.003])  # the latency, not 2 ms
+
+
+def test_a_closed_loop_behind_a_batching_front_end_sends_and_finishes_every_request():
+    specs = make_specs([(6, 3 + i % 4) for i in range(10)])
+    requests = run_client(specs, max_concurrency=3, service_s=0.002, batches=True)
+    assert all(r.status == RequestStatus.FINISHED for r in requests)
+    assert [r.first_scheduled_s for r in requests[:3]] == pytest.approx([0.006] * 3)  # the first 3, parsed together
+    events = sorted({r.sent_s for r in requests} | {r.finish_s for r in requests})
+    assert max(outstanding_at(requests, t) for t in events) == 3
 
 
 def test_a_rejected_request_frees_its_client_slot_at_once():

@@ -5,6 +5,7 @@ import dataclasses
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from harness.architecture import Architecture
@@ -407,6 +408,20 @@ def test_a_simulated_client_of_the_chat_endpoint_waits_for_its_template(tmp_path
     assert chat["tpot_s_p50"] == pytest.approx(completions["tpot_s_p50"])
     with pytest.raises(ConfigError, match="runner.endpoint"):
         validate(compose_config(["runner=sim", "runner.hardware=h100", "runner.endpoint=responses"]))
+
+
+def test_a_simulated_front_end_that_batches_hands_a_burst_to_the_engine_as_one(tmp_path):
+    """`runner.frontend_batches=true`, as vLLM 0.11's API server: 40 requests sent at once are parsed 10 ms each
+    before any reaches the engine, so none has its first token before 0.4 s; one by one, the first are in at once."""
+    base = ["runner=sim", "runner.hardware=h100", "model=qwen3-8b", "workload=random", "workload.num_requests=40",
+            "workload.arrival=offline", "workload.input_len=64", "workload.output_len=8",
+            "runner.frontend_latency_s=0.001", "runner.frontend_service_s=0.01", "progress=false"]
+    one_by_one = run_job(compose_config([*base, "runner.frontend_batches=false"]), tmp_path / "one_by_one")
+    batched = run_job(compose_config([*base, "runner.frontend_batches=true"]), tmp_path / "batched")
+    ttfts = pd.read_csv(tmp_path / "batched" / "requests.csv").ttft_s
+    assert ttfts.min() > 0.4 and ttfts.max() - ttfts.min() < 0.05  # in together, after the whole burst is parsed
+    assert pd.read_csv(tmp_path / "one_by_one" / "requests.csv").ttft_s.min() < 0.05
+    assert batched["num_finished"] == one_by_one["num_finished"] == 40
 
 
 PUBLISHED = sorted((ROOT / "tests" / "fixtures" / "published").rglob("*.json"))

@@ -3,6 +3,7 @@
 import dataclasses
 import heapq
 import math
+from collections import deque
 
 from tqdm import tqdm
 
@@ -18,24 +19,32 @@ class Client:
     `service_s` after the request before it: the front end handles requests one at a time. That spacing is why
     requests sent together do not stay in lockstep on a real server: the first one starts a step alone.
 
+    A front end that `batches` (vLLM's from 0.11: each request's handler awaits its tokens between its parsing and
+    its hand-off, on one event loop that runs ready work in the order it became ready) takes in every request sent
+    by the time it is free, parses them one after another, `service_s` each, and hands them all to the engine when
+    the last is parsed (each no sooner than `latency_s` after its send): a burst reaches the engine as one, late.
+
     A conversation's later turn (`RequestSpec.follows`) is held until the turn before it ends (finished, or
     rejected: it is still sent, as the user would type it), and arrives `think_s` after that."""
 
     def __init__(self, specs: list[RequestSpec], max_concurrency: int | None = None, latency_s: float = 0.0,
-                 service_s: float = 0.0):
+                 service_s: float = 0.0, batches: bool = False):
         # Requests free to go, by arrival (then id): a min-heap, since a released turn may arrive before others.
         self._pending = [(s.arrival_s, s.request_id, s) for s in specs if s.follows is None]
         heapq.heapify(self._pending)
         self._next_turn = {s.follows: s for s in specs if s.follows is not None}  # previous turn's id → turn
-        self.latency_s, self.service_s = latency_s, service_s
-        self._last_delivery_s = -math.inf
+        self.latency_s, self.service_s, self.batches = latency_s, service_s, batches
+        self._last_delivery_s = -math.inf  # one at a time: when the last request reached the engine
+        # Batches: the requests the front end has taken in, with their send times, and when it hands them over.
+        self._batch: deque[tuple[RequestSpec, float]] = deque()
+        self._batch_end_s = -math.inf
         # Times at which the free slots became free (a min-heap); None: open loop, no slots. More slots than requests
         # change nothing: as many as the requests, so a cap of a billion costs what the workload does.
         self._free = [0.0] * min(max_concurrency, len(specs)) if max_concurrency else None
 
     @property
     def has_pending(self) -> bool:
-        return bool(self._pending or self._next_turn)
+        return bool(self._pending or self._next_turn or self._batch)
 
     @property
     def next_send_s(self) -> float:
@@ -49,15 +58,35 @@ class Client:
     @property
     def next_delivery_s(self) -> float:
         """When the next request reaches an engine."""
-        return max(self.next_send_s + self.latency_s, self._last_delivery_s + self.service_s)
+        if not self.batches:
+            return max(self.next_send_s + self.latency_s, self._last_delivery_s + self.service_s)
+        batch = self._batch_in_hand()
+        return max(batch[0][1] + self.latency_s, self._batch_end_s) if batch else math.inf
 
     def send(self) -> tuple[RequestSpec, float]:
         """The next request and the time it is sent."""
-        sent_s = self.next_send_s
+        if self.batches:
+            return self._batch_in_hand().popleft()
         self._last_delivery_s = self.next_delivery_s
+        return self._take_next()
+
+    def _take_next(self) -> tuple[RequestSpec, float]:
+        sent_s = self.next_send_s
         if self._free is not None:
             heapq.heappop(self._free)
         return heapq.heappop(self._pending)[2], sent_s
+
+    def _batch_in_hand(self) -> deque[tuple[RequestSpec, float]]:
+        """The requests the front end is handing over; once it has handed over the last, the next batch: every
+        request sent by the time it is free again (a closed loop's: those its free slots let go), handed over once
+        all are parsed. Empty while no request can be sent."""
+        if not self._batch:
+            start_s = max(self.next_send_s, self._batch_end_s)
+            while self.next_send_s <= start_s < math.inf:
+                self._batch.append(self._take_next())
+            if self._batch:
+                self._batch_end_s = start_s + len(self._batch) * self.service_s
+        return self._batch
 
     def complete(self, request_id: int, time_s: float) -> None:
         """Request `request_id` ended at `time_s`: its slot is free, and its conversation's next turn is due."""
@@ -95,7 +124,7 @@ class Arrivals:
 
 def replay(engines: list, specs: list[RequestSpec], route=None, progress: bool = False, desc: str = "",
            max_concurrency: int | None = None, frontend_latency_s: float = 0.0,
-           frontend_service_s: float = 0.0) -> None:
+           frontend_service_s: float = 0.0, frontend_batches: bool = False) -> None:
     """Co-simulate replicas behind one client, in time order.
 
     The next event is either the next request reaching the engines (routed by `route(engines, spec)`, which sees
@@ -106,7 +135,7 @@ def replay(engines: list, specs: list[RequestSpec], route=None, progress: bool =
         if len(engines) > 1:
             raise ValueError("several replicas need a router")
         route = _only
-    client = Client(specs, max_concurrency, frontend_latency_s, frontend_service_s)
+    client = Client(specs, max_concurrency, frontend_latency_s, frontend_service_s, frontend_batches)
     for engine in engines:
         engine.on_done = client.complete
     arrivals = Arrivals(client, lone=len(engines) == 1)

@@ -103,6 +103,7 @@ def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
         max_concurrency=run.max_concurrency,
         frontend_latency_s=frontend_latency(params, run.endpoint) if run.served_over_http else 0.0,
         frontend_service_s=params.frontend_service_s if run.served_over_http else 0.0,
+        frontend_batches=_profile(fixture_engine(run.setup)).frontend_batches,
     )
     records = engine.records
     requests = metrics.requests_table(records)

@@ -1,14 +1,15 @@
 """A serving engine's own costs, apart from the GPU's: a named, cited profile in `conf/engine/` (`runner.engine=`),
 a user's YAML file, or the figures inline.
 
-The host side — the front end's latency and serial work per request, the scheduler's time per step, per sequence
-and per token, and whether the engine schedules the next step while the GPU runs this one (async scheduling) —
-and how well its kernels use the GPU: the share of peak memory bandwidth they reach, a scale on the hardware
-class's compute efficiency, and how the grouped GEMMs of a mixture of experts fall short of dense ones. Every
-figure was fitted to published runs of that engine (the profile's file says which), or measured elsewhere and held
-by the fit (`held`, each with its source), and may be overridden one by one (`runner.step_overhead_s=...`) or all
-together by a calibration (`runner.calibration=`). A profile also names
-how its engine schedules continuous batching (`scheduler`: vLLM's or SGLang's, `strategies.CONTINUOUS_SCHEDULERS`).
+The host side — the front end's latency and serial work per request (and whether it hands requests that reached it
+together to the engine together), the scheduler's time per step, per sequence and per token, and whether the engine
+schedules the next step while the GPU runs this one (async scheduling) — and how well its kernels use the GPU: the
+share of peak memory bandwidth they reach, a scale on the hardware class's compute efficiency, and how the grouped
+GEMMs of a mixture of experts fall short of dense ones. Every figure was fitted to published runs of that engine
+(the profile's file says which), or measured elsewhere and held by the fit (`held`, each with its source), and may
+be overridden one by one (`runner.step_overhead_s=...`) or all together by a calibration (`runner.calibration=`). A
+profile also names how its engine schedules continuous batching (`scheduler`: vLLM's or SGLang's,
+`strategies.CONTINUOUS_SCHEDULERS`).
 """
 
 from dataclasses import asdict, dataclass, fields, replace
@@ -45,6 +46,7 @@ class EngineSpec(Strict):
     frontend_latency_s: Seconds
     frontend_service_s: Seconds
     chat_latency_s: Seconds = 0.0
+    frontend_batches: bool = False
     async_scheduling: bool = False
     scheduler: Literal["vllm", "sglang"] = "vllm"
     moe_efficiency: Share = 1.0
@@ -77,6 +79,10 @@ class EngineProfile:
     # What the chat endpoint adds to that latency: the request's messages rendered through the model's chat template
     # and the chat serving path's own work, before its prompt is tokenized as a completion's is.
     chat_latency_s: float = 0.0
+    # Whether the front end hands the requests that reached it together to the engine together, once it has parsed
+    # them all (`harness.core.replay.Client`: vLLM 0.11's API server awaits each request's tokens between the two),
+    # rather than one by one as it parses each.
+    frontend_batches: bool = False
     async_scheduling: bool = False  # the host's step work overlaps the GPU's previous step
     # How it schedules continuous batching: vLLM's way (`strategies.continuous`) or SGLang's (`strategies.sglang`:
     # prefill batches apart, admission against a reserve for running requests' output still to come).
