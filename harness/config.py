@@ -95,8 +95,8 @@ class SimRunnerConfig(Strict):
     # The front end's serial work per request (one event loop parses, tokenizes and hands requests on one by one):
     # the least time between two requests reaching the engine.
     frontend_service_s: Annotated[Number, Field(ge=0, le=10)] | None = None
-    # Whether it hands requests that reached it together to the engine together, once all are parsed (vLLM 0.11's
-    # API server does, as its code reads; the profiles fit it one by one: README "Bursts of 1,000 ShareGPT requests").
+    # Whether it hands requests that reached it together to the engine together, once all are parsed (vLLM's API
+    # server does, as its code reads: README "Bursts of 1,000 ShareGPT requests"), or one at a time (SGLang's).
     frontend_batches: bool | None = None
     # The API the simulated clients call: the chat endpoint adds the engine's `chat_latency_s` to the front end's.
     endpoint: Literal[ENDPOINTS] = "completions"

@@ -13,13 +13,15 @@ from omegaconf import DictConfig
 from harness.analysis import metrics
 from harness.analysis.results import RunInterrupted, write_csv
 from harness.analysis.run_files import finish_run
+from harness.architecture import config_value
 from harness.config import PEERS, ConfigError, RunConfig, validate
 from harness.core.engine import Engine
 from harness.core.replay import replay
 from harness.environment import environment
 from harness.machine_load import MachineLoad, measurement
+from harness.model_spec import read_model_config
 from harness.run_parts import configured_replica, device_caps, device_num_blocks, load_workload
-from harness.sim.engine_profile import configured_engine, frontend_latency
+from harness.sim.engine_profile import configured_engine, frontend_latency, frontend_service
 from harness.sim.replica import simulated_replicas
 
 log = logging.getLogger(__name__)
@@ -35,15 +37,10 @@ def run_job(raw: DictConfig, run_dir: Path) -> dict:
     build = _real_replicas if cfg.runner.name == "real" else simulated_replicas
     replicas, route, workload, device, dtype = build(cfg)
     load = _machine_load(cfg)
-    # A simulated engine's requests pass its front end first; a real run's are the engine's at once.
-    engine = configured_engine(cfg.runner) if cfg.runner.name == "sim" else None
     try:
         with load or contextlib.nullcontext():
             replay(replicas, workload.requests, route, progress=cfg.progress, desc=cfg.strategy.name,
-                   max_concurrency=cfg.workload.max_concurrency,
-                   frontend_latency_s=frontend_latency(engine, cfg.runner.endpoint) if engine else 0.0,
-                   frontend_service_s=engine.frontend_service_s if engine else 0.0,
-                   frontend_batches=bool(engine and engine.frontend_batches))
+                   max_concurrency=cfg.workload.max_concurrency, **_front_end(cfg))
     except RunInterrupted as stop:
         interrupted = stop  # write what was measured, marked partial, then let the entry point say so
     else:
@@ -80,6 +77,17 @@ def run_job(raw: DictConfig, run_dir: Path) -> dict:
                                                 cfg.slo.ttft_s, cfg.slo.tpot_s)
             for i, (t, e) in enumerate(zip(tables, replicas))]))
     return finish_run(run_dir, raw, cfg, records, requests, steps, summary, workload.info, interrupted)
+
+
+def _front_end(cfg: RunConfig) -> dict:
+    """A simulated engine's front end, which its requests pass first; a real run's are the engine's at once."""
+    if cfg.runner.name != "sim":
+        return {}
+    engine, endpoint = configured_engine(cfg.runner), cfg.runner.endpoint
+    model_type = config_value(read_model_config(cfg.model), "model_type", "")
+    return {"frontend_latency_s": frontend_latency(engine, endpoint),
+            "frontend_service_s": frontend_service(engine, endpoint, model_type, engine.frontend_batches),
+            "frontend_batches": engine.frontend_batches}
 
 
 def _machine_load(cfg: RunConfig) -> MachineLoad | None:

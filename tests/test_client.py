@@ -117,6 +117,19 @@ def test_a_front_end_that_batches_hands_a_burst_over_as_one_once_it_has_parsed_i
     assert [r.first_scheduled_s for r in batched] == pytest.approx([0.003, 1.003, 2.003])  # the latency, not 2 ms
 
 
+def test_a_request_freed_to_go_before_the_next_batch_starts_is_not_held_back_by_it():
+    """A conversation's next turn, released after the front end looked ahead at a later request, goes first."""
+    first, later, turn = make_specs([(4, 2)] * 3, arrivals=[0.0, 10.0, 0.0])
+    turn = dataclasses.replace(turn, follows=first.request_id, think_s=1.0)
+    client = Client([first, later, turn], latency_s=0.0, service_s=0.001, batches=True)
+    assert client.send() == (first, 0.0)
+    assert client.next_delivery_s == pytest.approx(10.001)  # only the later request is known
+    client.complete(first.request_id, 2.0)  # releases the turn, sent at 3 s
+    assert client.next_delivery_s == pytest.approx(3.001)
+    assert client.send()[0].request_id == turn.request_id and client.send()[0] == later
+    assert not client.has_pending
+
+
 def test_a_closed_loop_behind_a_batching_front_end_sends_and_finishes_every_request():
     specs = make_specs([(6, 3 + i % 4) for i in range(10)])
     requests = run_client(specs, max_concurrency=3, service_s=0.002, batches=True)

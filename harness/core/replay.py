@@ -19,10 +19,11 @@ class Client:
     `service_s` after the request before it: the front end handles requests one at a time. That spacing is why
     requests sent together do not stay in lockstep on a real server: the first one starts a step alone.
 
-    A front end that `batches` (vLLM's from 0.11: each request's handler awaits its tokens between its parsing and
-    its hand-off, on one event loop that runs ready work in the order it became ready) takes in every request sent
-    by the time it is free, parses them one after another, `service_s` each, and hands them all to the engine when
-    the last is parsed (each no sooner than `latency_s` after its send): a burst reaches the engine as one, late.
+    A front end that `batches` (vLLM's, 0.10.2 and 0.11 read: each request's handler awaits its tokens between its
+    parsing and its hand-off, on one event loop that runs ready work in the order it became ready) takes in every
+    request sent by the time it is free, parses them one after another, `service_s` each, and hands them all to the
+    engine when the last is parsed (each no sooner than `latency_s` after its send): a burst reaches the engine as
+    one, late.
 
     A conversation's later turn (`RequestSpec.follows`) is held until the turn before it ends (finished, or
     rejected: it is still sent, as the user would type it), and arrives `think_s` after that."""
@@ -35,9 +36,11 @@ class Client:
         self._next_turn = {s.follows: s for s in specs if s.follows is not None}  # previous turn's id → turn
         self.latency_s, self.service_s, self.batches = latency_s, service_s, batches
         self._last_delivery_s = -math.inf  # one at a time: when the last request reached the engine
-        # Batches: the requests the front end has taken in, with their send times, and when it hands them over.
-        self._batch: deque[tuple[RequestSpec, float]] = deque()
-        self._batch_end_s = -math.inf
+        # Batches: the requests the front end takes in together (each as it was pending, with the slot it took and its
+        # send time), when it hands them over and when it handed over the batch before, and whether it has begun to.
+        self._batch: deque[tuple[tuple[float, int, RequestSpec], float | None, float]] = deque()
+        self._batch_end_s = self._previous_end_s = -math.inf
+        self._handing_over = False
         # Times at which the free slots became free (a min-heap); None: open loop, no slots. More slots than requests
         # change nothing: as many as the requests, so a cap of a billion costs what the workload does.
         self._free = [0.0] * min(max_concurrency, len(specs)) if max_concurrency else None
@@ -61,22 +64,25 @@ class Client:
         if not self.batches:
             return max(self.next_send_s + self.latency_s, self._last_delivery_s + self.service_s)
         batch = self._batch_in_hand()
-        return max(batch[0][1] + self.latency_s, self._batch_end_s) if batch else math.inf
+        return max(batch[0][2] + self.latency_s, self._batch_end_s) if batch else math.inf
 
     def send(self) -> tuple[RequestSpec, float]:
         """The next request and the time it is sent."""
         if self.batches:
-            return self._batch_in_hand().popleft()
-        self._last_delivery_s = self.next_delivery_s
-        return self._take_next()
+            (_, _, spec), _, sent_s = self._batch_in_hand().popleft()
+            self._handing_over = True
+        else:
+            self._last_delivery_s = self.next_delivery_s
+            (_, _, spec), _, sent_s = self._take_next()
+        return spec, sent_s
 
-    def _take_next(self) -> tuple[RequestSpec, float]:
+    def _take_next(self) -> tuple[tuple[float, int, RequestSpec], float | None, float]:
+        """The next request to go as it was pending, the free slot it takes (None: open loop), and its send time."""
         sent_s = self.next_send_s
-        if self._free is not None:
-            heapq.heappop(self._free)
-        return heapq.heappop(self._pending)[2], sent_s
+        slot = heapq.heappop(self._free) if self._free is not None else None
+        return heapq.heappop(self._pending), slot, sent_s
 
-    def _batch_in_hand(self) -> deque[tuple[RequestSpec, float]]:
+    def _batch_in_hand(self) -> deque:
         """The requests the front end is handing over; once it has handed over the last, the next batch: every
         request sent by the time it is free again (a closed loop's: those its free slots let go), handed over once
         all are parsed. Empty while no request can be sent."""
@@ -85,7 +91,9 @@ class Client:
             while self.next_send_s <= start_s < math.inf:
                 self._batch.append(self._take_next())
             if self._batch:
+                self._previous_end_s = self._batch_end_s
                 self._batch_end_s = start_s + len(self._batch) * self.service_s
+                self._handing_over = False
         return self._batch
 
     def complete(self, request_id: int, time_s: float) -> None:
@@ -96,6 +104,18 @@ class Client:
         if turn is not None:
             arrival_s = time_s + turn.think_s
             heapq.heappush(self._pending, (arrival_s, turn.request_id, dataclasses.replace(turn, arrival_s=arrival_s)))
+        if self._batch and not self._handing_over:
+            self._take_batch_back()
+
+    def _take_batch_back(self) -> None:
+        """A batch taken in ahead of its time goes back to wait: a request freed to go since may go before it, or with
+        it, and the next look takes it in again with what is known now."""
+        for entry, slot, _ in self._batch:
+            heapq.heappush(self._pending, entry)
+            if slot is not None:
+                heapq.heappush(self._free, slot)
+        self._batch.clear()
+        self._batch_end_s = self._previous_end_s
 
 
 class Arrivals:

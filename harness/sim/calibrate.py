@@ -20,14 +20,14 @@ import pandas as pd
 import yaml
 
 from harness.analysis import metrics
-from harness.architecture import Architecture
+from harness.architecture import Architecture, config_value
 from harness.core.replay import replay
 from harness.core.replica import build_replica
 from harness.model_spec import described_model
 from harness.sim.calibration import BOUNDS, CHAT_PARAMS, MOE_PARAMS, RooflineParams
 from harness.sim.costmodel import RooflineCostModel
 from harness.sim.costmodel.hardware import get_hardware
-from harness.sim.engine_profile import EngineProfile, fixture_engine, frontend_latency, get_engine
+from harness.sim.engine_profile import EngineProfile, fixture_engine, frontend_latency, frontend_service, get_engine
 from harness.sim.measured import MeasuredRun, MeasuredRunError, load_measured_runs
 from harness.sim.replica import simulated_engine
 from harness.sim.runner import SimRunner
@@ -97,13 +97,16 @@ def run_replica(run: MeasuredRun, params: RooflineParams):
 def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
     """The run's summary as the simulator predicts it with `params` (its engine's profile, the figures replaced)."""
     engine = run_replica(run, params)
+    batches = _profile(fixture_engine(run.setup)).frontend_batches
+    model_type = config_value(_described(run.model, run.hardware, run.quantization, run.kv_cache_dtype)[0],
+                              "model_type", "")
     replay(
         [engine],
         run.requests,
         max_concurrency=run.max_concurrency,
         frontend_latency_s=frontend_latency(params, run.endpoint) if run.served_over_http else 0.0,
-        frontend_service_s=params.frontend_service_s if run.served_over_http else 0.0,
-        frontend_batches=_profile(fixture_engine(run.setup)).frontend_batches,
+        frontend_service_s=frontend_service(params, run.endpoint, model_type, batches) if run.served_over_http else 0.0,
+        frontend_batches=batches,
     )
     records = engine.records
     requests = metrics.requests_table(records)

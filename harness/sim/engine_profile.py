@@ -80,7 +80,7 @@ class EngineProfile:
     # and the chat serving path's own work, before its prompt is tokenized as a completion's is.
     chat_latency_s: float = 0.0
     # Whether the front end hands the requests that reached it together to the engine together, once it has parsed
-    # them all (`harness.core.replay.Client`: vLLM 0.11's API server awaits each request's tokens between the two),
+    # them all (`harness.core.replay.Client`: vLLM 0.10-0.11's API server awaits each request's tokens between the two),
     # rather than one by one as it parses each.
     frontend_batches: bool = False
     async_scheduling: bool = False  # the host's step work overlaps the GPU's previous step
@@ -150,6 +150,20 @@ def frontend_latency(figures, endpoint: str) -> float:
     """A request's time from the client's send to the engine's queue through `endpoint` (completions or chat), from
     an engine profile's figures or a calibration's."""
     return figures.frontend_latency_s + (figures.chat_latency_s if endpoint == "chat" else 0.0)
+
+
+# Models whose chat vLLM renders in OpenAI's Harmony format with its Rust library (`openai_harmony`), not through a
+# Jinja chat template on the API server's event loop.
+HARMONY_MODEL_TYPES = ("gpt_oss",)
+
+
+def frontend_service(figures, endpoint: str, model_type: str, batches: bool) -> float:
+    """The front end's serial work on one request through `endpoint`: its parsing (`frontend_service_s`), and on a
+    front end that batches (vLLM 0.10-0.11's event loop renders every chat request of a burst before it hands any over)
+    the rendering of its messages through the model's chat template too (`chat_latency_s`), save for a chat rendered
+    in Rust (Harmony). One at a time, the template's time is latency alone."""
+    renders = batches and endpoint == "chat" and model_type not in HARMONY_MODEL_TYPES
+    return figures.frontend_service_s + (figures.chat_latency_s if renders else 0.0)
 
 
 def configured_engine(runner_cfg) -> EngineProfile:
