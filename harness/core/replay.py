@@ -104,7 +104,7 @@ class Client:
         if turn is not None:
             arrival_s = time_s + turn.think_s
             heapq.heappush(self._pending, (arrival_s, turn.request_id, dataclasses.replace(turn, arrival_s=arrival_s)))
-        if self._batch and not self._handing_over:
+        if (self._free is not None or turn is not None) and self._batch and not self._handing_over:
             self._take_batch_back()
 
     def _take_batch_back(self) -> None:
