@@ -21,7 +21,7 @@ from harness.environment import environment
 from harness.machine_load import MachineLoad, measurement
 from harness.model_spec import read_model_config
 from harness.run_parts import configured_replica, device_caps, device_num_blocks, load_workload
-from harness.sim.engine_profile import configured_engine, frontend_latency, frontend_service
+from harness.sim.engine_profile import configured_engine, front_end
 from harness.sim.replica import simulated_replicas
 
 log = logging.getLogger(__name__)
@@ -83,11 +83,9 @@ def _front_end(cfg: RunConfig) -> dict:
     """A simulated engine's front end, which its requests pass first; a real run's are the engine's at once."""
     if cfg.runner.name != "sim":
         return {}
-    engine, endpoint = configured_engine(cfg.runner), cfg.runner.endpoint
+    engine = configured_engine(cfg.runner)
     model_type = config_value(read_model_config(cfg.model), "model_type", "")
-    return {"frontend_latency_s": frontend_latency(engine, endpoint),
-            "frontend_service_s": frontend_service(engine, endpoint, model_type, engine.frontend_batches),
-            "frontend_batches": engine.frontend_batches}
+    return front_end(engine, cfg.runner.endpoint, model_type, engine.frontend_batches)
 
 
 def _machine_load(cfg: RunConfig) -> MachineLoad | None:

@@ -27,7 +27,7 @@ from harness.model_spec import described_model
 from harness.sim.calibration import BOUNDS, CHAT_PARAMS, MOE_PARAMS, RooflineParams
 from harness.sim.costmodel import RooflineCostModel
 from harness.sim.costmodel.hardware import get_hardware
-from harness.sim.engine_profile import EngineProfile, fixture_engine, frontend_latency, frontend_service, get_engine
+from harness.sim.engine_profile import EngineProfile, fixture_engine, front_end, get_engine
 from harness.sim.measured import MeasuredRun, MeasuredRunError, load_measured_runs
 from harness.sim.replica import simulated_engine
 from harness.sim.runner import SimRunner
@@ -97,17 +97,10 @@ def run_replica(run: MeasuredRun, params: RooflineParams):
 def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
     """The run's summary as the simulator predicts it with `params` (its engine's profile, the figures replaced)."""
     engine = run_replica(run, params)
-    batches = _profile(fixture_engine(run.setup)).frontend_batches
     model_type = config_value(_described(run.model, run.hardware, run.quantization, run.kv_cache_dtype)[0],
                               "model_type", "")
-    replay(
-        [engine],
-        run.requests,
-        max_concurrency=run.max_concurrency,
-        frontend_latency_s=frontend_latency(params, run.endpoint) if run.served_over_http else 0.0,
-        frontend_service_s=frontend_service(params, run.endpoint, model_type, batches) if run.served_over_http else 0.0,
-        frontend_batches=batches,
-    )
+    served = front_end(params, run.endpoint, model_type, _profile(fixture_engine(run.setup)).frontend_batches)
+    replay([engine], run.requests, max_concurrency=run.max_concurrency, **(served if run.served_over_http else {}))
     records = engine.records
     requests = metrics.requests_table(records)
     # Read the prediction as the run was measured: what the benchmark counted as TTFT 0 counts as 0 here too.

@@ -157,13 +157,17 @@ def frontend_latency(figures, endpoint: str) -> float:
 HARMONY_MODEL_TYPES = ("gpt_oss",)
 
 
-def frontend_service(figures, endpoint: str, model_type: str, batches: bool) -> float:
-    """The front end's serial work on one request through `endpoint`: its parsing (`frontend_service_s`), and on a
-    front end that batches (vLLM 0.10-0.11's event loop renders every chat request of a burst before it hands any over)
-    the rendering of its messages through the model's chat template too (`chat_latency_s`), save for a chat rendered
-    in Rust (Harmony). One at a time, the template's time is latency alone."""
+def front_end(figures, endpoint: str, model_type: str, batches: bool) -> dict:
+    """The front end a client of `endpoint` passes, as `replay` takes it, from an engine profile's figures or a
+    calibration's: its latency, whether it `batches`, and its serial work on one request: the parsing
+    (`frontend_service_s`), and on a front end that batches (vLLM 0.10-0.11's event loop renders every chat request of
+    a burst before it hands any over) the rendering of its messages through the model's chat template too
+    (`chat_latency_s`), save for a chat rendered in Rust (Harmony). One at a time, the template's time is latency
+    alone."""
     renders = batches and endpoint == "chat" and model_type not in HARMONY_MODEL_TYPES
-    return figures.frontend_service_s + (figures.chat_latency_s if renders else 0.0)
+    return {"frontend_latency_s": frontend_latency(figures, endpoint),
+            "frontend_service_s": figures.frontend_service_s + (figures.chat_latency_s if renders else 0.0),
+            "frontend_batches": batches}
 
 
 def configured_engine(runner_cfg) -> EngineProfile:
