@@ -100,6 +100,8 @@ def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
     model_type = config_value(_described(run.model, run.hardware, run.quantization, run.kv_cache_dtype)[0],
                               "model_type", "")
     served = front_end(params, run.endpoint, model_type, _profile(fixture_engine(run.setup)).frontend_batches)
+    if run.host_frontend_s is not None:  # what its deployment's front end showed, in place of the profile's
+        served["frontend_service_s"] = run.host_frontend_s
     replay([engine], run.requests, max_concurrency=run.max_concurrency, **(served if run.served_over_http else {}))
     records = engine.records
     requests = metrics.requests_table(records)

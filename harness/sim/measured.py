@@ -111,6 +111,14 @@ class MeasuredRun:
         return float(self.setup.get("host_compute_share", 1.0))
 
     @property
+    def host_frontend_s(self) -> float | None:
+        """The serial front-end work a request took on the deployment it ran on (parsing, and a chat request's template
+        rendering), where a run of that deployment shows it (`setup.host_frontend_s`, with `setup.host_frontend_from`
+        saying which): it stands in for the engine profile's. None: the profile's."""
+        seconds = self.setup.get("host_frontend_s")
+        return float(seconds) if seconds is not None else None
+
+    @property
     def prefix_caching(self) -> bool:
         """Whether the engine kept computed blocks cached (`setup.prefix_caching`; else its default: on in vLLM's V1
         engine and SGLang, off in vLLM 0.5). With it, a request preempted for want of blocks finds the blocks it had
@@ -175,6 +183,15 @@ def memory_share(setup: dict, configured="auto") -> float | None:
     return None if share == "auto" else float(share)
 
 
+# What a run's host showed of itself, each in place of a figure of the datasheet or the engine profile (the
+# `MeasuredRun` properties of the same names): what it must be; `<name>_from` beside it says which measurement shows it.
+HOST_FIGURES = {
+    "host_bandwidth_gbps": (lambda gbps: gbps > 0, "a positive number of GB/s"),
+    "host_compute_share": (lambda share: 0 < share <= 1, "a number in (0, 1]"),
+    "host_frontend_s": (lambda seconds: seconds > 0, "a positive number of seconds"),
+}
+
+
 def check_setup(setup: dict, path: Path) -> None:
     """Raises MeasuredRunError naming the `setup` value of the run at `path` that a replay cannot use."""
     if setup.get("endpoint", "completions") not in ENDPOINTS:
@@ -183,16 +200,12 @@ def check_setup(setup: dict, path: Path) -> None:
     if setup.get("eviction", "auto") not in ("auto", *EVICTION_ORDERS):
         raise MeasuredRunError(f"measured run {str(path)!r}: setup.eviction is {setup['eviction']!r}; it must be "
                                f"auto or one of {', '.join(EVICTION_ORDERS)} (which free block its engine took next)")
-    bandwidth = setup.get("host_bandwidth_gbps")
-    if bandwidth is not None and not (isinstance(bandwidth, int | float) and not isinstance(bandwidth, bool)
-                                      and bandwidth > 0 and setup.get("host_bandwidth_from")):
-        raise MeasuredRunError(f"measured run {str(path)!r}: setup.host_bandwidth_gbps must be a positive number of "
-                               "GB/s, with setup.host_bandwidth_from saying which measurement shows it")
-    share = setup.get("host_compute_share")
-    if share is not None and not (isinstance(share, int | float) and not isinstance(share, bool) and 0 < share <= 1
-                                  and setup.get("host_compute_from")):
-        raise MeasuredRunError(f"measured run {str(path)!r}: setup.host_compute_share must be a number in (0, 1], "
-                               "with setup.host_compute_from saying which measurement shows it")
+    for key, (valid, what) in HOST_FIGURES.items():
+        value, source = setup.get(key), key.rsplit("_", 1)[0] + "_from"
+        if value is not None and not (isinstance(value, int | float) and not isinstance(value, bool) and valid(value)
+                                      and setup.get(source)):
+            raise MeasuredRunError(f"measured run {str(path)!r}: setup.{key} must be {what}, with setup.{source} "
+                                   "saying which measurement shows it")
 
 
 def _zero_ttft_requests(data: dict, setup: dict, output_lens: list[int], path: Path) -> frozenset[int]:
