@@ -24,17 +24,26 @@ def burst(num_blocks: int, prefix_caching: bool, admission: str, eviction: str =
             "prefix_caching": prefix_caching, "admission": admission, "eviction": eviction}
 
 
+# Each case: the cache's blocks, prefix caching, admission, eviction, and the preemptions the schedule makes.
+CASES = {"cache-holds-all": (400, False, "next_chunk", "release_order", (0, 0)),
+         "preempting-with-prefix-cache": (60, True, "next_chunk", "release_order", (20, 30)),
+         "evicting-in-release-order": (25, True, "next_chunk", "release_order", (25, 35)),
+         "evicting-empty-first": (25, True, "next_chunk", "empty_first", (25, 35)),
+         "preempted-mid-recompute": (40, False, "next_chunk", "release_order", (40, 50)),
+         "whole-prompt-admission": (25, True, "whole_prompt", "release_order", (1, 10))}
+
+
+@pytest.fixture(scope="module")
+def vllm_schedules() -> dict[str, pd.DataFrame]:
+    """vLLM's steps for every case, from one process (its import is most of the time)."""
+    return dict(zip(CASES, vllm_steps([burst(*case[:4]) for case in CASES.values()]), strict=True))
+
+
 @needs_vllm
-@pytest.mark.parametrize("num_blocks, prefix_caching, admission, eviction, preemptions", [
-    (400, False, "next_chunk", "release_order", (0, 0)), (60, True, "next_chunk", "release_order", (20, 30)),
-    (25, True, "next_chunk", "release_order", (25, 35)), (25, True, "next_chunk", "empty_first", (25, 35)),
-    (40, False, "next_chunk", "release_order", (40, 50)), (25, True, "whole_prompt", "release_order", (1, 10))],
-    ids=["cache-holds-all", "preempting-with-prefix-cache", "evicting-in-release-order", "evicting-empty-first",
-         "preempted-mid-recompute", "whole-prompt-admission"])
-def test_the_simulator_schedules_a_burst_step_for_step_as_vllm_does(num_blocks, prefix_caching, admission, eviction,
-                                                                     preemptions):
-    work = burst(num_blocks, prefix_caching, admission, eviction)
-    ours, theirs = simulator_steps(work), vllm_steps(work)
+@pytest.mark.parametrize("case", CASES)
+def test_the_simulator_schedules_a_burst_step_for_step_as_vllm_does(case, vllm_schedules):
+    *work, preemptions = CASES[case]
+    ours, theirs = simulator_steps(burst(*work)), vllm_schedules[case]
     summary = step_summary(ours)
     assert summary["mixed"] > 20  # chunked prefills beside decodes, the steps whose make-up matters
     # The case it names: none preempted while the cache holds every request, many in a small one, a few once a

@@ -85,16 +85,17 @@ def simulator_steps(burst: dict) -> pd.DataFrame:
     return engine.records.steps.frame()[COLUMNS].reset_index(drop=True)
 
 
-def vllm_steps(burst: dict, server_env: str = ".venv-vllm") -> pd.DataFrame:
-    """vLLM's scheduler's steps for `burst`, run by the interpreter of `server_env` (where vLLM is installed)."""
+def vllm_steps(bursts: list[dict], server_env: str = ".venv-vllm") -> list[pd.DataFrame]:
+    """vLLM's scheduler's steps for each of `bursts`, run by the interpreter of `server_env` (where vLLM is installed):
+    one process for all of them, as importing vLLM takes most of its time (15 s here)."""
     python = server_python(server_env)
     if not python.is_file():
         raise FileNotFoundError(f"no vLLM environment at {python.parent.parent} (bash scripts/install-vllm.sh)")
-    done = subprocess.run([str(python), str(DRIVER)], input=json.dumps(burst), capture_output=True, text=True)
+    done = subprocess.run([str(python), str(DRIVER)], input=json.dumps(bursts), capture_output=True, text=True)
     if done.returncode:
         last = done.stderr.strip().splitlines()[-1:] or ["no message"]
         raise RuntimeError(f"vLLM's scheduler exited with code {done.returncode}: {last[0]}")
-    return pd.DataFrame(json.loads(done.stdout), columns=COLUMNS)
+    return [pd.DataFrame(rows, columns=COLUMNS) for rows in json.loads(done.stdout)]
 
 
 def step_summary(steps: pd.DataFrame) -> dict[str, int]:
@@ -120,7 +121,7 @@ def compare(run: MeasuredRun, server_env: str = ".venv-vllm", admission: str | N
     `admission` and `eviction` in place of the run's engine's."""
     chosen = {"admission": admission, "eviction": eviction}
     burst = burst_of(run) | {key: value for key, value in chosen.items() if value}
-    ours, theirs = simulator_steps(burst), vllm_steps(burst, server_env)
+    ours, theirs = simulator_steps(burst), vllm_steps([burst], server_env)[0]
     table = pd.DataFrame({"simulator": step_summary(ours), "vLLM": step_summary(theirs)})
     step = first_difference(ours, theirs)
     if step is None:

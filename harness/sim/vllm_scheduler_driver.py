@@ -1,11 +1,11 @@
 """vLLM's own V1 scheduler stepped with no model, run by vLLM's interpreter (`harness.sim.vllm_scheduler` starts it).
 
-Reads a burst from stdin as JSON ({"prompt_lens", "output_lens", "num_blocks", "block_size", "max_num_seqs",
-"max_num_batched_tokens", "prefix_caching", "admission", "eviction"}), adds every request at once, and steps the
-scheduler until all finish: each step's plan is answered with one sampled token for every request whose tokens are all
-computed (as the model runner would), so only scheduling decides what each step holds. Writes one row a step to
-stdout as JSON: [prefill tokens, decode tokens, sequences, sequences preempted]. Imports nothing of this project:
-vLLM's environment has none of it.
+Reads a list of bursts from stdin as JSON (each {"prompt_lens", "output_lens", "num_blocks", "block_size",
+"max_num_seqs", "max_num_batched_tokens", "prefix_caching", "admission", "eviction"}); for each, adds every request at
+once and steps a scheduler of its own until all finish: each step's plan is answered with one sampled token for every
+request whose tokens are all computed (as the model runner would), so only scheduling decides what each step holds.
+Writes to stdout as JSON, for each burst, one row a step: [prefill tokens, decode tokens, sequences, sequences
+preempted]. Imports nothing of this project: vLLM's environment has none of it.
 """
 
 import json
@@ -33,6 +33,9 @@ TINY_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hi
                "rope_theta": 1e6, "torch_dtype": "bfloat16", "tie_word_embeddings": True}
 
 
+FREE_BLOCKS = {"empty_first": BlockPool.free_blocks}  # the installed vLLM's own, and the order before PR #42656
+
+
 def free_in_release_order(pool: BlockPool, ordered_blocks) -> None:
     """`BlockPool.free_blocks` as vLLM had it before PR #42656 (to 0.23): every block no request holds any more goes
     to the free queue's tail, named or not, so blocks are handed out in the order they were freed."""
@@ -40,6 +43,9 @@ def free_in_release_order(pool: BlockPool, ordered_blocks) -> None:
     for block in blocks:
         block.ref_cnt -= 1
     pool.free_block_queue.append_n([block for block in blocks if block.ref_cnt == 0 and not block.is_null])
+
+
+FREE_BLOCKS["release_order"] = free_in_release_order
 
 
 def build_scheduler(burst: dict, model_dir: str) -> tuple[Scheduler, object]:
@@ -57,8 +63,7 @@ def build_scheduler(burst: dict, model_dir: str) -> tuple[Scheduler, object]:
     elif whole_prompt:
         sys.exit("this vLLM predates whole-prompt admission (scheduler_reserve_full_isl, vLLM 0.20)")
     # Later vLLM hands out blocks holding nothing first (`empty_first`); the engines of the published runs did not.
-    if burst["eviction"] == "release_order":
-        BlockPool.free_blocks = free_in_release_order
+    BlockPool.free_blocks = FREE_BLOCKS[burst["eviction"]]
     cache = CacheConfig(block_size=block_size, enable_prefix_caching=burst["prefix_caching"])
     num_blocks = burst["num_blocks"] + 1  # vLLM's block pool keeps one as its null block: the same number usable
     cache.num_gpu_blocks = num_blocks
@@ -107,12 +112,13 @@ def step_all(scheduler: Scheduler, hasher, burst: dict) -> list[list[int]]:
 
 
 def main() -> None:
-    burst = json.load(sys.stdin)
+    steps = []
     with tempfile.TemporaryDirectory() as model_dir:
         (Path(model_dir) / "config.json").write_text(json.dumps(TINY_CONFIG))
-        scheduler, hasher = build_scheduler(burst, model_dir)
-        rows = step_all(scheduler, hasher, burst)
-    json.dump(rows, sys.stdout)
+        for burst in json.load(sys.stdin):
+            scheduler, hasher = build_scheduler(burst, model_dir)
+            steps.append(step_all(scheduler, hasher, burst))
+    json.dump(steps, sys.stdout)
 
 
 if __name__ == "__main__":
