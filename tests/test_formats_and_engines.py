@@ -305,7 +305,7 @@ def test_a_hosts_own_compute_share_read_from_its_long_prompts_holds_for_its_othe
     from harness.sim.measured import MeasuredRunError, load_measured
 
     runs = [run for run in map(load_measured, sorted(GPUSTACK.glob("*.json"))) if run.host_bandwidth]
-    assert len(runs) == 13 and {run.host_compute_share for run in runs} == {0.72}
+    assert len(runs) == 17 and {run.host_compute_share for run in runs} == {0.72}
     read_from = next(run for run in runs if run.name == "gpustack-h100-qwen3-32b-vllm-random-32k")
     errors = relative_errors(read_from, simulate(read_from, default_params(read_from)))
     assert abs(errors["output_throughput_tps"]) < 0.005
