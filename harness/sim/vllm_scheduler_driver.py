@@ -33,9 +33,6 @@ TINY_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hi
                "rope_theta": 1e6, "torch_dtype": "bfloat16", "tie_word_embeddings": True}
 
 
-FREE_BLOCKS = {"empty_first": BlockPool.free_blocks}  # the installed vLLM's own, and the order before PR #42656
-
-
 def free_in_release_order(pool: BlockPool, ordered_blocks) -> None:
     """`BlockPool.free_blocks` as vLLM had it before PR #42656 (to 0.23): every block no request holds any more goes
     to the free queue's tail, named or not, so blocks are handed out in the order they were freed."""
@@ -45,7 +42,8 @@ def free_in_release_order(pool: BlockPool, ordered_blocks) -> None:
     pool.free_block_queue.append_n([block for block in blocks if block.ref_cnt == 0 and not block.is_null])
 
 
-FREE_BLOCKS["release_order"] = free_in_release_order
+# The order a burst's free blocks go out in (`eviction`): the installed vLLM's own, or the order before PR #42656.
+FREE_BLOCKS = {"empty_first": BlockPool.free_blocks, "release_order": free_in_release_order}
 
 
 def build_scheduler(burst: dict, model_dir: str) -> tuple[Scheduler, object]:
