@@ -134,9 +134,9 @@ def test_a_sweeps_setup_file_says_what_its_run_folders_do_not(tmp_path):
     (sweep / "setup.yaml").write_text("- hardware\n")
     with pytest.raises(MeasuredRunError, match="setup.yaml' must map setup keys to values"):
         load_measured_runs([str(sweep)])
-    # A run folder's setup is held to what a published run's is: a host's bandwidth says where it was read.
-    with pytest.raises(MeasuredRunError, match="setup.host_bandwidth_gbps must be a positive number of GB/s"):
-        load_measured_runs([str(MEASURED / "rate-4")], {"host_bandwidth_gbps": 1760})
+    # A run folder's setup is held to what a published run's is: a deployment's front end says where it was read.
+    with pytest.raises(MeasuredRunError, match="setup.host_frontend_s must be a positive number of seconds"):
+        load_measured_runs([str(MEASURED / "rate-4")], {"host_frontend_s": 0.013})
     # Which free block its engine took next: vLLM 0.32's order here, where a run says so; a wrong name is refused.
     run = load_measured_runs([str(MEASURED / "rate-4")], {"eviction": "empty_first"})[0]
     assert run_replica(run, default_params(run)).allocator.policy.eviction == "empty_first"

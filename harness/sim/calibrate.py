@@ -63,11 +63,8 @@ def run_replica(run: MeasuredRun, params: RooflineParams):
     profile = _profile(fixture_engine(run.setup)).overridden(asdict(params))
     if "async_scheduling" in run.setup:
         profile = profile.overridden({"async_scheduling": bool(run.setup["async_scheduling"])})
-    if run.host_bandwidth:  # what its host's decode steps showed, in place of the datasheet's x the engine's share
-        profile = profile.overridden({"memory_efficiency": run.host_bandwidth / hardware.memory_bandwidth})
-    # And what its host's prefill showed, as a share of the compute the figures give (1: theirs).
     costs = RooflineCostModel(arch, hardware, profile, params.compute_efficiency, run.tensor_parallel,
-                              run.expert_parallel, run.host_compute_share)
+                              run.expert_parallel)
     default_seqs, default_tokens = hardware.serving_defaults
     options = {
         "max_num_seqs": run.max_num_seqs or default_seqs,

@@ -91,24 +91,10 @@ class MeasuredRun:
         return bool(self.setup.get("expert_parallel", False))
 
     @property
-    def host_bandwidth(self) -> float | None:
-        """The memory bandwidth (bytes/s) its GPU's decode steps reached on the host it ran on, where its source shows
-        it (`setup.host_bandwidth_gbps`, with `setup.host_bandwidth_from` saying how): it stands in for the datasheet's
-        bandwidth times the engine's memory efficiency. None: the datasheet's and the engine's."""
-        gbps = self.setup.get("host_bandwidth_gbps")
-        return float(gbps) * 1e9 if gbps is not None else None
-
-    @property
     def eviction(self) -> str:
         """Which free block its engine handed out next (`setup.eviction`, `kv_cache.eviction`'s choices; auto: the
         engine's as the profile's scheduler keeps them, `harness.core.kv_cache.CACHE_POLICIES`)."""
         return str(self.setup.get("eviction", "auto"))
-
-    @property
-    def host_compute_share(self) -> float:
-        """The share of the engine profile's compute its host reached, where a run of that host shows it
-        (`setup.host_compute_share`, with `setup.host_compute_from` saying which); 1: the profile's."""
-        return float(self.setup.get("host_compute_share", 1.0))
 
     @property
     def host_frontend_s(self) -> float | None:
@@ -183,13 +169,9 @@ def memory_share(setup: dict, configured="auto") -> float | None:
     return None if share == "auto" else float(share)
 
 
-# What a run's host showed of itself, each in place of a figure of the datasheet or the engine profile (the
-# `MeasuredRun` properties of the same names): what it must be; `<name>_from` beside it says which measurement shows it.
-HOST_FIGURES = {
-    "host_bandwidth_gbps": (lambda gbps: gbps > 0, "a positive number of GB/s"),
-    "host_compute_share": (lambda share: 0 < share <= 1, "a number in (0, 1]"),
-    "host_frontend_s": (lambda seconds: seconds > 0, "a positive number of seconds"),
-}
+# Figures of a GPU, which a replay takes from the run's hardware file (`hardware`: a catalogue name, or a file of its
+# own for a GPU the catalogue lacks or one that reaches less than its datasheet), never from one run's setup.
+GPU_FIGURES = ("host_bandwidth_gbps", "host_compute_share")
 
 
 def check_setup(setup: dict, path: Path) -> None:
@@ -200,12 +182,15 @@ def check_setup(setup: dict, path: Path) -> None:
     if setup.get("eviction", "auto") not in ("auto", *EVICTION_ORDERS):
         raise MeasuredRunError(f"measured run {str(path)!r}: setup.eviction is {setup['eviction']!r}; it must be "
                                f"auto or one of {', '.join(EVICTION_ORDERS)} (which free block its engine took next)")
-    for key, (valid, what) in HOST_FIGURES.items():
-        value, source = setup.get(key), key.rsplit("_", 1)[0] + "_from"
-        if value is not None and not (isinstance(value, int | float) and not isinstance(value, bool) and valid(value)
-                                      and setup.get(source)):
-            raise MeasuredRunError(f"measured run {str(path)!r}: setup.{key} must be {what}, with setup.{source} "
-                                   "saying which measurement shows it")
+    seconds = setup.get("host_frontend_s")
+    if seconds is not None and not (isinstance(seconds, int | float) and not isinstance(seconds, bool) and seconds > 0
+                                    and setup.get("host_frontend_from")):
+        raise MeasuredRunError(f"measured run {str(path)!r}: setup.host_frontend_s must be a positive number of "
+                               "seconds, with setup.host_frontend_from saying which measurement shows it")
+    if figure := next((key for key in GPU_FIGURES if key in setup), None):
+        raise MeasuredRunError(f"measured run {str(path)!r}: setup.{figure} is a figure of its GPU, which a replay "
+                               "takes from the run's hardware file: name one that gives it (hardware: my_gpu.yaml, "
+                               "as conf/hardware/ has them)")
 
 
 def _zero_ttft_requests(data: dict, setup: dict, output_lens: list[int], path: Path) -> frozenset[int]:

@@ -57,8 +57,7 @@ ALLREDUCE_BANDWIDTH_SHARE = 0.35
 
 class RooflineCostModel:
     def __init__(self, arch: Architecture, hardware: Hardware, engine: EngineProfile,
-                 compute_efficiency: float | None = None, tensor_parallel: int = 1, expert_parallel: bool = False,
-                 host_compute_share: float = 1.0):
+                 compute_efficiency: float | None = None, tensor_parallel: int = 1, expert_parallel: bool = False):
         n = tensor_parallel
         if arch.num_heads % n or (arch.num_kv_heads % n and n % arch.num_kv_heads):
             raise ValueError(f"runner.tensor_parallel={n} does not split the model's {arch.num_heads} attention heads "
@@ -68,16 +67,13 @@ class RooflineCostModel:
                              f"{n} GPUs share evenly; the model has {arch.num_experts}")
         self.arch, self.hardware, self.engine = arch, hardware, engine
         self.tensor_parallel, self.expert_parallel = n, expert_parallel
-        # None: the hardware class's share of peak FLOP/s (`Hardware.compute_efficiency`), scaled by the engine's;
-        # times the share of it a slower host reaches (a published run's `setup.host_compute_share`).
-        self.compute_efficiency = (compute_efficiency or hardware.compute_efficiency * engine.compute_scale
-                                   ) * host_compute_share
+        # None: the hardware class's share of peak FLOP/s (`Hardware.compute_efficiency`), scaled by the engine's.
+        self.compute_efficiency = compute_efficiency or hardware.compute_efficiency * engine.compute_scale
         # Attention at FlashAttention's measured rates where the hardware file has them and the engine runs it.
         self._flash_attention = engine.flash_attention and bool(hardware.flash_attention_rates)
         # FlashAttention skips the key blocks a causal mask hides wholly; an engine without it computed them (its
         # fitted figures were read with them in).
         self._skips_masked = engine.flash_attention
-        self._host_compute_share = host_compute_share
         self.memory_efficiency = engine.memory_efficiency
         # What every step's cost is built from and no step changes: the parameters a token multiplies outside and
         # inside its routed experts, the weights every step reads, one expert's bytes, attention per query-key pair.
@@ -198,7 +194,7 @@ class RooflineCostModel:
         pairs = self.attention_pairs(shape)
         attention_compute = compute
         if self._flash_attention:
-            attention_compute = self.hardware.attention_share(pairs / shape.num_tokens) * self._host_compute_share * n
+            attention_compute = self.hardware.attention_share(pairs / shape.num_tokens) * n
         attention = np.maximum(self._attention_flops(shape, pairs) / (self.hardware.peak_flops * attention_compute),
                                kv_per_gpu / memory)
         between_gemms = self._activation_bytes * shape.num_tokens / memory
