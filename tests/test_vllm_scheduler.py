@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from harness.config import server_python
+from harness.sim import vllm_scheduler
 from harness.sim.measured import load_measured_runs
 from harness.sim.vllm_scheduler import COLUMNS, burst_of, first_difference, simulator_steps, step_summary, vllm_steps
 from tests.conftest import ROOT
@@ -68,3 +69,23 @@ def test_the_first_step_two_schedules_part_at_is_found():
     other.iloc[1, 3] = 1  # the same tokens, but a preemption
     assert first_difference(steps, other) == 1
     assert first_difference(steps, steps.iloc[:2]) == 2  # one ran a step the other did not
+
+
+def test_the_command_checks_every_burst_then_steps_them_all_in_one_vllm_process(monkeypatch, capsys):
+    # vLLM's side stood in for by the simulator's own steps: what is tested is how the command hands bursts over.
+    handed = []
+
+    def steps_of(bursts, server_env):
+        handed.append([len(burst["prompt_lens"]) for burst in bursts])
+        return [simulator_steps(burst) for burst in bursts]
+
+    monkeypatch.setattr(vllm_scheduler, "vllm_steps", steps_of)
+    runs = [str(PUBLISHED / f"gpustack-h100-qwen3-{size}-vllm-random-32k.json") for size in ("14b", "32b")]
+    vllm_scheduler.main(runs)
+    printed = capsys.readouterr().out
+    assert handed == [[100, 100]] and printed.count("identical step for step") == 2
+    assert "gpustack-h100-qwen3-32b-vllm-random-32k" in printed
+    # A run that is no burst is refused with one line before vLLM is started for any of them.
+    with pytest.raises(SystemExit, match="vllm_scheduler: gpustack-h100-qwen3-8b-vllm-bs4: only a burst"):
+        vllm_scheduler.main([runs[0], str(PUBLISHED / "gpustack-h100-qwen3-8b-vllm-bs4.json")])
+    assert len(handed) == 1

@@ -115,13 +115,19 @@ def first_difference(ours: pd.DataFrame, theirs: pd.DataFrame) -> int | None:
     return None if len(ours) == len(theirs) else n
 
 
-def compare(run: MeasuredRun, server_env: str = ".venv-vllm", admission: str | None = None,
-            eviction: str | None = None) -> tuple[pd.DataFrame, str]:
-    """`run`'s burst scheduled by both, summarised side by side (one column each), and where they first part;
-    `admission` and `eviction` in place of the run's engine's."""
-    chosen = {"admission": admission, "eviction": eviction}
-    burst = burst_of(run) | {key: value for key, value in chosen.items() if value}
-    ours, theirs = simulator_steps(burst), vllm_steps([burst], server_env)[0]
+def compare(runs: list[MeasuredRun], server_env: str = ".venv-vllm", admission: str | None = None,
+            eviction: str | None = None) -> list[tuple[pd.DataFrame, str]]:
+    """Each of `runs`' bursts scheduled by both, summarised side by side (one column each), and where they first
+    part; `admission` and `eviction` in place of the runs' engines'. Every run is checked before vLLM starts, and
+    vLLM steps them all in one process."""
+    chosen = {key: value for key, value in {"admission": admission, "eviction": eviction}.items() if value}
+    bursts = [burst_of(run) | chosen for run in runs]
+    return [side_by_side(simulator_steps(burst), theirs)
+            for burst, theirs in zip(bursts, vllm_steps(bursts, server_env), strict=True)]
+
+
+def side_by_side(ours: pd.DataFrame, theirs: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """Two schedules' summaries (one column each), and the step where they first part."""
     table = pd.DataFrame({"simulator": step_summary(ours), "vLLM": step_summary(theirs)})
     step = first_difference(ours, theirs)
     if step is None:
@@ -139,11 +145,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--eviction", choices=EVICTION_ORDERS,
                         help="which free block goes next, in both (default: the run's engine's, release_order)")
     args = parser.parse_args(argv)
-    for run in load_measured_runs(args.runs):
-        try:
-            table, verdict = compare(run, args.vllm_env, args.admission, args.eviction)
-        except (ValueError, FileNotFoundError, RuntimeError) as e:
-            sys.exit(f"vllm_scheduler: {e}")
+    runs = load_measured_runs(args.runs)
+    try:
+        compared = compare(runs, args.vllm_env, args.admission, args.eviction)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        sys.exit(f"vllm_scheduler: {e}")
+    for run, (table, verdict) in zip(runs, compared, strict=True):
         print(f"{run.name}\n{table.to_string()}\n{verdict}\n")
 
 
