@@ -264,13 +264,14 @@ def test_a_v1_engine_takes_a_preempted_prompt_back_from_its_prefix_cache(tmp_pat
     assert with_cache["num_computed_tokens"] < 1.001 * work < 1.02 * work < without["num_computed_tokens"]
 
 
-def test_gpustacks_h100_pages_of_qwen3_14b_and_32b_ran_on_an_h100_pcie_as_their_runs_show(tmp_path):
-    """The pages name their GPU "NVIDIA H100"; their runs say which. Replayed on the H100 PCIe's datasheet (2.0 TB/s,
-    756 dense BF16 TFLOPS) with the profiles' shares and nothing of their host's own, each vLLM burst of 2,000, 4,000
-    and 32,000-token prompts gets its published throughput within 8% and its median ITL within 7%, though no fit ever
-    sees an ITL. On the SXM's (3.35 TB/s, 989 TFLOPS) each comes out at least 30% high in throughput and a third
-    short in ITL, and every other run of these pages, the SGLang ones included, at least 15% high in throughput but
-    for the 128-token bursts, whose time is their front end's."""
+def test_gpustacks_h100_pages_of_qwen3_14b_and_32b_perform_as_an_h100_pcies_datasheet_says(tmp_path):
+    """The Qwen3-14B page says "a single NVIDIA H100 SXM GPU", the 32B page "NVIDIA H100 GPUs"; their runs say how
+    the GPU performed. Replayed on the H100 PCIe's datasheet (2.0 TB/s, 756 dense BF16 TFLOPS) with the profiles'
+    shares and nothing of their host's own, each vLLM burst of 2,000, 4,000 and 32,000-token prompts gets its
+    published throughput within 8% and its median ITL within 7%, though no fit ever sees an ITL. On the SXM's
+    (3.35 TB/s, 989 TFLOPS) each comes out at least 30% high in throughput and a third short in ITL, and every other
+    run of these pages, the SGLang ones included, at least 15% high in throughput but for the 128-token bursts, whose
+    time is their front end's."""
     from harness.sim.calibrate import default_params, relative_errors, simulate
     from harness.sim.measured import MeasuredRunError, load_measured
 
