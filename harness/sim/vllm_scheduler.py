@@ -7,6 +7,8 @@ does not depend on step times when nothing arrives mid-run, so the two step sequ
 the simulator scheduling otherwise than the engine it stands for, not a cost model's error.
 
     python -m harness.sim.vllm_scheduler tests/fixtures/published/gpustack/gpustack-h100-qwen3-14b-vllm-random-2k.json
+
+Several runs given are each checked first, then stepped by vLLM in one process (its import is most of the time).
 """
 
 import argparse
