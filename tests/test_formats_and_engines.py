@@ -179,6 +179,63 @@ def test_a_causal_kernel_skips_the_pairs_a_prompt_chunks_own_mask_hides():
     assert H100.attention_share(1024.5) == pytest.approx(521 / 989, rel=1e-3)
 
 
+def test_a_decode_row_in_a_v1_step_on_an_a100_costs_flash_attention_2s_whole_query_tile():
+    # Qwen3-14B (40 query heads over 8 KV heads): a 2,048-token prompt chunk beside 100 rows decoding over 3,000 keys,
+    # and those rows alone. FlashAttention-2 over a paged cache computes 64 query rows a tile (A100, Ada).
+    assert A100.attention_query_tile == 64 and get_hardware("rtx-4090").attention_query_tile == 64
+    assert H100.attention_query_tile == 0  # FlashAttention-3 on Hopper
+    rows = decode(100, 3000)
+    mixed = StepShape(False, 2148, 101, 2048 * 2048 + rows.attention_pairs, 2048 + rows.kv_tokens_read, 101,
+                      rows.decode_pairs)
+    qwen = arch("qwen3-14b")
+    tiled, own_kernel = (RooflineCostModel(qwen, A100, bare_engine(decode_rows_in_query_tiles=flag),
+                                           compute_efficiency=0.5) for flag in (True, False))
+    one_row_each = own_kernel.attention_flops(rows)
+    # Beside a prompt chunk each decode row fills 1 of its tile's 64 rows; alone, the kernel puts each KV head's 5
+    # query heads in the tile's rows, 64 / 5 of the work.
+    assert tiled.attention_flops(mixed) - own_kernel.attention_flops(mixed) == pytest.approx(63 * one_row_each)
+    assert tiled.attention_flops(rows) == pytest.approx(64 / 5 * one_row_each)
+    assert tiled.predict(mixed) > own_kernel.predict(mixed)
+    # None on Hopper, and none for attention sinks, which FlashAttention-2 lacks (vLLM runs Triton's kernel for them).
+    on_hopper = (RooflineCostModel(qwen, H100, bare_engine(decode_rows_in_query_tiles=flag), compute_efficiency=0.5)
+                 for flag in (True, False))
+    assert len({model.attention_flops(mixed) for model in on_hopper}) == 1
+    sinks = (RooflineCostModel(arch("gpt-oss-20b"), A100, bare_engine(decode_rows_in_query_tiles=flag),
+                               compute_efficiency=0.5) for flag in (True, False))
+    assert len({model.attention_flops(mixed) for model in sinks}) == 1
+    # vLLM's V1 engine makes one attention call a step; vLLM 0.5 ran a decode kernel of its own, SGLang decode batches.
+    assert get_engine("vllm-v1").decode_rows_in_query_tiles
+    assert not get_engine("vllm-0.5").decode_rows_in_query_tiles and not get_engine("sglang").decode_rows_in_query_tiles
+
+
+def test_the_v1_profile_reaches_a_share_of_its_own_on_the_gpus_without_flash_attention_3(monkeypatch):
+    v1, old = get_engine("vllm-v1"), get_engine("vllm-0.5")
+    qwen = arch("qwen3-14b")
+    assert RooflineCostModel(qwen, A100, v1).compute_efficiency == pytest.approx(0.57 * v1.fa2_compute_scale)
+    assert RooflineCostModel(qwen, H100, v1).compute_efficiency == pytest.approx(0.51 * v1.compute_scale)
+    # The 2024 engine keeps the class figures it was fitted with.
+    assert old.fa2_compute_scale is None
+    assert RooflineCostModel(qwen, A100, old).compute_efficiency == pytest.approx(0.57 * old.compute_scale)
+    # A fit searches that share only with a run on such a GPU among those it fits.
+    from harness.sim import fit_engine
+    from harness.sim.measured import load_measured_runs
+
+    searched = {}
+
+    def search(start, bounds, loss_of, max_evaluations):
+        searched.update(bounds)
+        return start, 0.0
+
+    monkeypatch.setattr(fit_engine, "two_start_search", search)
+    published = ROOT / "tests" / "fixtures" / "published" / "gpustack"
+    on_h100, on_a100 = (load_measured_runs([str(published / f"gpustack-{gpu}-qwen3-14b-vllm-random-2k.json")])
+                        for gpu in ("h100", "a100"))
+    fit_engine.fit_profile(on_h100, v1, 1)
+    assert "compute_scale" in searched and "fa2_compute_scale" not in searched
+    fit_engine.fit_profile(on_h100 + on_a100, v1, 1)
+    assert "fa2_compute_scale" in searched
+
+
 def test_each_published_run_is_judged_by_its_own_engines_profile():
     assert fixture_engine({"engine": "vllm", "engine_version": "0.5.4"}) == "vllm-0.5"
     assert fixture_engine({"engine": "vllm", "engine_version": "0.11.0"}) == "vllm-v1"

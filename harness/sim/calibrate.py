@@ -226,7 +226,8 @@ def profile_params(run: MeasuredRun, engine: EngineProfile) -> RooflineParams:
     """The figures `run` is replayed with under `engine`: the engine's, with the compute share its GPU class reaches
     in that engine (the hardware class's figure scaled by the engine's)."""
     figures = {name: getattr(engine, name) for name in asdict(BOUNDS) if name != "compute_efficiency"}
-    return RooflineParams(get_hardware(run.hardware).compute_efficiency * engine.compute_scale, **figures)
+    hardware = get_hardware(run.hardware)
+    return RooflineParams(hardware.compute_efficiency * engine.compute_scale_on(hardware), **figures)
 
 
 def default_params(run: MeasuredRun) -> RooflineParams:
@@ -316,7 +317,7 @@ def parse_setup(pairs: list[str]) -> dict:
 # What `screened_start` scales together, and by how much: the host's figures (its time a step, a sequence, a token),
 # the hardware's shares of peak, the front end's figures.
 SCREEN_GROUPS = (("step_overhead_s", "seq_overhead_s", "token_overhead_s"),
-                 ("compute_efficiency", "compute_scale", "memory_efficiency"),
+                 ("compute_efficiency", "compute_scale", "fa2_compute_scale", "memory_efficiency"),
                  ("frontend_latency_s", "frontend_service_s"))
 SCREEN_FACTORS = (0.1, 0.3, 3.0, 10.0)
 

@@ -24,8 +24,10 @@ from workloads.config import Strict, one_line
 
 CATALOGUE_DIR = Path(__file__).resolve().parents[2] / "conf" / "engine"
 DEFAULT_ENGINE = "vllm-v1"
-# The figures `harness.sim.fit_engine` searches: a calibration's, the compute share as a scale on the hardware class's.
-FITTED_FIGURES = ("compute_scale", *(name for name in asdict(BOUNDS) if name != "compute_efficiency"))
+# The figures `harness.sim.fit_engine` searches: a calibration's, the compute share as a scale on the hardware class's
+# (and a scale of its own on the GPUs without FlashAttention-3).
+FITTED_FIGURES = ("compute_scale", "fa2_compute_scale",
+                  *(name for name in asdict(BOUNDS) if name != "compute_efficiency"))
 Seconds = Annotated[float, Field(ge=0, le=10)]
 Share = Annotated[float, Field(gt=0, le=1)]
 
@@ -40,6 +42,7 @@ class EngineSpec(Strict):
     errors: dict[str, dict[str, float | str]] = {}
     memory_efficiency: Share
     compute_scale: Annotated[float, Field(gt=0, le=2)] = 1.0  # x the hardware class's compute efficiency
+    fa2_compute_scale: Annotated[float, Field(gt=0, le=2)] | None = None  # on GPUs without FlashAttention-3
     step_overhead_s: Seconds
     seq_overhead_s: Seconds
     token_overhead_s: Seconds
@@ -55,6 +58,7 @@ class EngineSpec(Strict):
     cache_sizing: Literal["share", "vllm", "sglang"] = "share"
     activation_traffic: bool = False
     flash_attention: bool = False
+    decode_rows_in_query_tiles: bool = False
     # Figures measured elsewhere, which a fit keeps as they are: each with the measurement it was read from.
     held: dict[str, str] = {}
 
@@ -107,7 +111,20 @@ class EngineProfile:
     # (`Hardware.attention_share`: FlashAttention-3 on Hopper, as vLLM's V1 engine and SGLang run it). False: at the
     # GEMMs' fitted compute share (`vllm-0.5`, which ran FlashAttention-2 on Hopper, fitted so).
     flash_attention: bool = False
+    # Whether its decode rows share their step's variable-length attention call with the prompt chunks, each filling
+    # one row of FlashAttention-2's query tile (`Hardware.attention_query_tile`) where the GPU runs that kernel: vLLM's
+    # V1 engine makes one call a layer. False: a decode kernel of their own (vLLM 0.5's paged attention, SGLang's
+    # decode batches apart from its prefill batches).
+    decode_rows_in_query_tiles: bool = False
+    # Its compute scale on the GPUs whose attention is FlashAttention-2 (`Hardware.attention_query_tile`: Ampere and
+    # Ada) where its kernels reach another share of the class's figure than on Hopper; None: `compute_scale`.
+    fa2_compute_scale: float | None = None
     held: tuple[str, ...] = ()  # figures a fit keeps (`EngineSpec.held`: measured elsewhere)
+
+    def compute_scale_on(self, hardware) -> float:
+        """Its scale on `hardware`'s compute efficiency."""
+        fa2 = hardware.attention_query_tile and self.fa2_compute_scale is not None
+        return self.fa2_compute_scale if fa2 else self.compute_scale
 
     def moe_share(self, tokens_per_expert):
         """The share of the dense compute efficiency an expert GEMM of this many tokens reaches (arrays too)."""

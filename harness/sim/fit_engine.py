@@ -24,6 +24,7 @@ from harness.sim.calibrate import (
     two_start_search,
 )
 from harness.sim.calibration import BOUNDS
+from harness.sim.costmodel.hardware import get_hardware
 from harness.sim.engine_profile import CATALOGUE_DIR, FITTED_FIGURES, EngineProfile, get_engine
 from harness.sim.measured import MeasuredRun, load_measured_runs
 
@@ -31,8 +32,8 @@ from harness.sim.measured import MeasuredRun, load_measured_runs
 # a scale on the hardware class's (1.0: as the engine the class figure was fitted on; 1.5 puts a Hopper at 77% of its
 # peak), and a scheduler's host time capped at 4 ms a step and 20 µs a sequence: uncapped, a fit of bursts alone
 # traded a slower GPU for 8 ms steps and 88 µs per sequence (SGLang, measured here), which no engine takes.
-PROFILE_BOUNDS = ({"compute_scale": (0.3, 1.5)} | {name: getattr(BOUNDS, name) for name in FITTED_FIGURES
-                                                    if name != "compute_scale"}
+PROFILE_BOUNDS = ({"compute_scale": (0.3, 1.5), "fa2_compute_scale": (0.3, 1.5)}
+                  | {name: getattr(BOUNDS, name) for name in FITTED_FIGURES if "compute_scale" not in name}
                   | {"step_overhead_s": (0.0, 0.004), "seq_overhead_s": (0.0, 2e-5)})
 SHOWN = {"output_throughput_tps": "tput", "tpot_s_p50": "TPOT p50", "ttft_s_p50": "TTFT p50", "e2e_s_mean": "E2E"}
 
@@ -51,6 +52,8 @@ def fit_profile(runs: list[MeasuredRun], start: EngineProfile, max_evaluations: 
     search alone stopped where it began on the `vllm-v1` runs (a loss of 0.0327); restarted, it went on to 0.0309.
     The figures `start` holds (`EngineProfile.held`: measured elsewhere) stay as they are."""
     pinned = pinned_params(runs) | {"compute_scale"}  # a profile's compute figure: a scale on the hardware class's
+    if start.fa2_compute_scale is not None and any(get_hardware(run.hardware).attention_query_tile for run in runs):
+        pinned.add("fa2_compute_scale")  # and its own on the GPUs without FlashAttention-3, where the runs have one
     bounds = {name: limits for name, limits in PROFILE_BOUNDS.items() if name in pinned and name not in start.held}
     return two_start_search(start, bounds, lambda engine: loss(runs, engine), max_evaluations)
 
@@ -88,7 +91,8 @@ def write_profile(name: str, engine: EngineProfile, fitted: list[MeasuredRun], r
     comments = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
     data = yaml.safe_load(text)
     # What it holds stays as the file says it, with each figure's source.
-    figures = {f.name: getattr(engine, f.name) for f in fields(EngineProfile) if f.name not in ("name", "held")}
+    figures = {f.name: value for f in fields(EngineProfile)
+               if f.name not in ("name", "held") and (value := getattr(engine, f.name)) is not None}
     data |= figures
     data["fitted_on"] = [run.name for run in fitted]
     data["errors"] = {row["run"]: {"role": row["role"]} | {key: round(row[key], 4) for key in SHOWN if key in row}

@@ -46,6 +46,9 @@ class HardwareSpec(Strict):
     # FlashAttention's measured forward rate on this GPU (BF16, causal, head dim 128), TFLOP/s by sequence length,
     # where published: attention kernels reach their own share of peak, growing with the keys each query reads.
     flash_attention_tflops: dict[int, Annotated[float, Field(gt=0)]] | None = None
+    # Where FlashAttention-3 is absent (Ampere, Ada): the query rows FlashAttention-2's kernel over a paged cache
+    # computes at a time for each sequence and head, whatever that sequence's queries fill of them.
+    flash_attention_query_tile: Annotated[int, Field(ge=1)] | None = None
 
 
 # A GEMM whose weights the GPU's tensor cores cannot take runs a mixed-precision kernel (Marlin-style: each weight tile
@@ -74,6 +77,7 @@ class Hardware:
     fp8_flops: float | None = None  # FP/s of the FP8 tensor cores; None: none
     fp4_flops: float | None = None
     flash_attention_rates: tuple[tuple[int, float], ...] = ()  # (causal sequence length, FLOP/s), ascending
+    attention_query_tile: int = 0  # FlashAttention-2's query rows per tile on this GPU; 0: none given
 
     @classmethod
     def from_spec(cls, spec: HardwareSpec) -> "Hardware":
@@ -82,7 +86,8 @@ class Hardware:
                    fp8_flops=spec.fp8_tflops and spec.fp8_tflops * 1e12,
                    fp4_flops=spec.fp4_tflops and spec.fp4_tflops * 1e12,
                    flash_attention_rates=tuple(sorted((length, tflops * 1e12) for length, tflops
-                                                      in (spec.flash_attention_tflops or {}).items())))
+                                                      in (spec.flash_attention_tflops or {}).items())),
+                   attention_query_tile=spec.flash_attention_query_tile or 0)
 
     def attention_share(self, mean_keys):
         """The share of peak FLOP/s attention reaches when each query reads `mean_keys` keys on average (arrays too):

@@ -13,7 +13,9 @@ The GEMM peak is the weights' format's (FP8 or FP4 tensor cores where the GPU ha
 Attention reaches FlashAttention's measured share of peak at the step's keys per query where the hardware file has
 it and the engine runs it (`EngineProfile.flash_attention`, `Hardware.attention_share`), else the compute eff.; such
 an engine's kernels skip the pairs a prompt chunk's causal mask hides (`StepShape.masked_pairs`), as the measured
-rates count them.
+rates count them. Where a GPU runs FlashAttention-2 instead, an engine that runs its decode rows in the prompt
+chunks' attention call (`EngineProfile.decode_rows_in_query_tiles`) computes each as a whole query tile
+(`Hardware.attention_query_tile`).
 A mixture of experts reads, per layer, the experts its step's tokens are expected to touch (uniform top-k routing)
 and computes only the experts each token is routed to; grouped expert GEMMs reach a smaller share of peak with fewer
 tokens per expert (`EngineProfile.moe_share`). Attention counts MLA's absorbed and expanded forms
@@ -68,12 +70,17 @@ class RooflineCostModel:
         self.arch, self.hardware, self.engine = arch, hardware, engine
         self.tensor_parallel, self.expert_parallel = n, expert_parallel
         # None: the hardware class's share of peak FLOP/s (`Hardware.compute_efficiency`), scaled by the engine's.
-        self.compute_efficiency = compute_efficiency or hardware.compute_efficiency * engine.compute_scale
+        self.compute_efficiency = compute_efficiency or hardware.compute_efficiency * engine.compute_scale_on(hardware)
         # Attention at FlashAttention's measured rates where the hardware file has them and the engine runs it.
         self._flash_attention = engine.flash_attention and bool(hardware.flash_attention_rates)
         # FlashAttention skips the key blocks a causal mask hides wholly; an engine without it computed them (its
         # fitted figures were read with them in).
         self._skips_masked = engine.flash_attention
+        # FlashAttention-2's query tile where the engine runs its decode rows in the prompts' attention call: not for
+        # a latent cache (MLA's own kernels) or attention sinks, which FlashAttention-2 lacks (vLLM runs its Triton
+        # attention for them, whose tiles a decode row fills).
+        tiled = engine.decode_rows_in_query_tiles and not arch.latent_attention and not arch.attention_sinks
+        self._query_tile = hardware.attention_query_tile if tiled else 0
         self.memory_efficiency = engine.memory_efficiency
         # What every step's cost is built from and no step changes: the parameters a token multiplies outside and
         # inside its routed experts, the weights every step reads, one expert's bytes, attention per query-key pair.
@@ -116,7 +123,15 @@ class RooflineCostModel:
         """`attention_flops` given the step's `attention_pairs`, which a step's time reads twice."""
         a = self.arch
         prefill_pairs = pairs - shape.decode_pairs
-        per_layer = self._prefill_pair_flops * prefill_pairs + self._decode_pair_flops * shape.decode_pairs
+        decode_rows = self._decode_pair_flops * shape.decode_pairs
+        if self._query_tile:
+            # A decode row fills one of FlashAttention-2's tile rows per head, the tile computed whole; in a step of
+            # decode rows alone the kernel puts a KV head's group of query heads in those rows
+            # (`seqlenq_ngroups_swapped` in its mha_varlen_fwd), which fill them that much more.
+            group = a.num_heads // a.num_kv_heads
+            decode_rows = decode_rows * np.where(prefill_pairs > 0, self._query_tile,
+                                                 max(self._query_tile / group, 1.0))
+        per_layer = self._prefill_pair_flops * prefill_pairs + decode_rows
         full = a.num_full_layers * per_layer
         if not a.num_sliding_layers:
             return full
