@@ -356,20 +356,23 @@ def test_gpustacks_h100_pages_of_qwen3_14b_and_32b_perform_as_an_h100_pcies_data
 
 
 def test_a_deployments_own_front_end_read_from_its_short_prompts_holds_for_its_other_runs(tmp_path):
-    """GPUStack's H100 pages of Qwen3-14B and -32B each sent 1,000 chat requests of 128 tokens (4 output tokens) at
-    once, whose first tokens wait on vLLM's API server rendering and parsing every one of them before it hands any
-    over: a measurement of that deployment's serial front-end work. Read from that run alone (the median TTFT as
-    published), it is 13.1 ms a request on the 14B page and 9.1 ms on the 32B page, where the profile's figures (fitted
-    to the other hosts' runs) give 4.3 ms and the two runs' TTFT 49% and 22% short. The runs' throughput, which the
-    reading did not look at, comes out as published with it (within 3%; 59% and 19% high with the profile's), and
-    every other vLLM run of each page keeps its median TTFT within the issue's 25%, the 14B ShareGPT burst's among
-    them (-37% with the profile's)."""
+    """GPUStack's H100 and A100 pages of Qwen3-14B and -32B each sent 1,000 chat requests of 128 tokens (4 output
+    tokens) at once, whose first tokens wait on vLLM's API server rendering and parsing every one of them before it
+    hands any over: a measurement of that deployment's serial front-end work. Read from that run alone (the median
+    TTFT as published), it is 13.1 ms a request on the H100's 14B page and 9.1 ms on its 32B page, 9.8 and 9.2 ms on
+    the A100's, where the profile's figures (fitted to the other hosts' runs) give 4.3 ms and those runs' TTFT 49%,
+    22%, 29% and 16% short. The H100 runs' throughput, which the reading did not look at, comes out as published with
+    it (within 3%; 59% and 19% high with the profile's), the A100's within 7% (their steps 22-25% long). Every other
+    vLLM run of each page keeps its median TTFT within the issue's 25%, the H100 14B ShareGPT burst's among them (-37%
+    with the profile's), and the A100 14B ShareGPT burst's throughput comes within 10% with its page's reading (+11%
+    with the profile's)."""
     from harness.sim.calibrate import default_params, relative_errors, simulate
     from harness.sim.measured import MeasuredRunError, load_measured
 
     runs = [run for run in map(load_measured, sorted(GPUSTACK.glob("*vllm*.json"))) if run.host_frontend_s]
-    assert len(runs) == 10 and {(run.model, run.host_frontend_s) for run in runs} == {("qwen3-14b", 0.0131),
-                                                                                    ("qwen3-32b", 0.0091)}
+    assert len(runs) == 22 and {(run.hardware, run.model, run.host_frontend_s) for run in runs} == {
+        ("h100-pcie", "qwen3-14b", 0.0131), ("h100-pcie", "qwen3-32b", 0.0091),
+        ("a100-80gb", "qwen3-14b", 0.0098), ("a100-80gb", "qwen3-32b", 0.0092)}
 
     def errors(run):
         return relative_errors(run, simulate(run, default_params(run)))
@@ -382,12 +385,17 @@ def test_a_deployments_own_front_end_read_from_its_short_prompts_holds_for_its_o
 
     for read_from in (run for run in runs if run.name.endswith("random-128")):
         own, profiles = errors(read_from), errors(with_profiles(read_from))
-        assert abs(own["ttft_s_p50"]) < 0.01 and abs(own["output_throughput_tps"]) < 0.03, read_from.name
-        assert profiles["ttft_s_p50"] < -0.19 and profiles["output_throughput_tps"] > 0.15, read_from.name
+        on_h100 = read_from.hardware == "h100-pcie"
+        assert abs(own["ttft_s_p50"]) < 0.01, read_from.name
+        assert abs(own["output_throughput_tps"]) < (0.03 if on_h100 else 0.07), read_from.name
+        assert profiles["ttft_s_p50"] < -0.15, read_from.name
+        assert not on_h100 or profiles["output_throughput_tps"] > 0.15, read_from.name
     others = [run for run in runs if not run.name.endswith("random-128")]
-    assert len(others) == 8 and all(abs(ttft_error(run)) < 0.25 for run in others)
+    assert len(others) == 18 and all(abs(ttft_error(run)) < 0.25 for run in others)
     burst = next(run for run in others if run.name == "gpustack-h100-qwen3-14b-vllm-sharegpt-1000")
     assert ttft_error(with_profiles(burst)) < -0.3
+    burst = next(run for run in others if run.name == "gpustack-a100-qwen3-14b-vllm-sharegpt-1000")
+    assert abs(errors(burst)["output_throughput_tps"]) < 0.1 < errors(with_profiles(burst))["output_throughput_tps"]
     data = json.loads((GPUSTACK / "gpustack-h100-qwen3-14b-vllm-random-128.json").read_text())
     data["setup"]["host_frontend_s"] = 0
     (tmp_path / "run.json").write_text(json.dumps(data))
