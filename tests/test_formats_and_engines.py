@@ -143,6 +143,35 @@ def test_the_kernels_between_the_gemms_cost_their_activation_bytes_per_token():
     assert get_engine("vllm-v1").activation_traffic and get_engine("sglang").activation_traffic
 
 
+def test_a_gemm_near_the_ridge_takes_the_smooth_norm_of_its_bounds_that_vllms_gemm_benchmark_measured():
+    from harness.sim.costmodel.roofline import GEMM_KNEE_POWER
+
+    # vLLM pull request #49363 on an H100: torch's BF16 GEMM over N=43008 x K=5376 at 1, 64, 128 and 256 tokens ran
+    # at 3.07, 188.0, 364.7 and 593.3 TFLOP/s. With its one-token time as the weights' bound and 0.7 of the BF16 peak
+    # as the FLOPs', the norm of power 3 gives each time within 4%, where the sharp roofline's max is 4-14% short.
+    tokens = np.array([64, 128, 256])
+    flops = 2 * tokens * 43008 * 5376
+    measured = flops / (np.array([188.0, 364.7, 593.3]) * 1e12)
+    memory = 2 * 43008 * 5376 / 3.072e12
+    compute = flops / (989e12 * 0.7)
+    knee = (compute**GEMM_KNEE_POWER + memory**GEMM_KNEE_POWER) ** (1 / GEMM_KNEE_POWER)
+    assert np.all(np.abs(knee / measured - 1) < 0.04)
+    assert np.all(np.maximum(compute, memory) / measured - 1 < -0.035)
+    # In a step: where compute and memory bounds are equal, the GEMMs take 2^(1/3) of either; the 2024 profile keeps
+    # the max it was fitted with.
+    qwen = arch("qwen3-14b")
+    smooth, sharp = (RooflineCostModel(qwen, H100, bare_engine(gemm_knee=flag), compute_efficiency=0.5)
+                     for flag in (True, False))
+    ridge = qwen.dense_weight_bytes_read() / H100.memory_bandwidth / smooth.gemm_flops(decode(1, 1))[0] * 989e12 * 0.5
+    step = decode(int(round(ridge)), 1)
+    gemm_compute = smooth.gemm_flops(step)[0] / (989e12 * 0.5)
+    gemm_memory = qwen.dense_weight_bytes_read() / H100.memory_bandwidth
+    expected = (gemm_compute**3 + gemm_memory**3) ** (1 / 3) - max(gemm_compute, gemm_memory)
+    assert smooth.predict(step) - sharp.predict(step) == pytest.approx(expected)
+    assert expected == pytest.approx((2 ** (1 / 3) - 1) * gemm_memory, rel=0.01)
+    assert get_engine("vllm-v1").gemm_knee and get_engine("sglang").gemm_knee and not get_engine("vllm-0.5").gemm_knee
+
+
 def test_attention_reaches_flash_attentions_measured_share_of_a_hopper_gpu():
     # FlashAttention-3 on an H100 (causal, head dim 128): 521 TFLOP/s at 2k tokens, 616 at 16k (arXiv 2407.08608).
     assert H100.attention_share(1024) == pytest.approx(521 / 989)  # a causal 2k prompt's queries read 1k keys each
@@ -326,7 +355,7 @@ def test_gpustacks_h100_pages_of_qwen3_14b_and_32b_perform_as_an_h100_pcies_data
     the GPU performed. Replayed on the H100 PCIe's datasheet (2.0 TB/s, 756 dense BF16 TFLOPS) with the profiles'
     shares and nothing of their host's own, each vLLM burst of 2,000, 4,000 and 32,000-token prompts gets its
     published throughput within 8% and its median ITL within 7%, though no fit ever sees an ITL. On the SXM's
-    (3.35 TB/s, 989 TFLOPS) each comes out at least 30% high in throughput and a third short in ITL, and every other
+    (3.35 TB/s, 989 TFLOPS) each comes out at least 25% high in throughput and a third short in ITL, and every other
     run of these pages, the SGLang ones included, at least 15% high in throughput but for the 128-token bursts, whose
     time is their front end's."""
     from harness.sim.calibrate import default_params, relative_errors, simulate
@@ -344,7 +373,7 @@ def test_gpustacks_h100_pages_of_qwen3_14b_and_32b_perform_as_an_h100_pcies_data
             replay = simulate(run, default_params(run))
             assert abs(relative_errors(run, replay)["output_throughput_tps"]) < 0.08, run.name
             assert replay["itl_s_p50"] == pytest.approx(run.metrics["itl_s_p50"], rel=0.07), run.name
-            assert on_sxm["output_throughput_tps"] > 0.3, run.name
+            assert on_sxm["output_throughput_tps"] > 0.25, run.name
             assert sxm_replay["itl_s_p50"] < 0.67 * run.metrics["itl_s_p50"], run.name
     # A GPU's figures belong in its hardware file: a run's setup that gives one is refused, naming where it goes.
     data = json.loads((GPUSTACK / "gpustack-h100-qwen3-32b-vllm-random-32k.json").read_text())
@@ -359,11 +388,11 @@ def test_a_deployments_own_front_end_read_from_its_short_prompts_holds_for_its_o
     """GPUStack's H100 and A100 pages of Qwen3-14B and -32B each sent 1,000 chat requests of 128 tokens (4 output
     tokens) at once, whose first tokens wait on vLLM's API server rendering and parsing every one of them before it
     hands any over: a measurement of that deployment's serial front-end work. Read from that run alone (the median
-    TTFT as published), it is 13.1 ms a request on the H100's 14B page and 9.1 ms on its 32B page, 9.8 and 9.2 ms on
-    the A100's, where the profile's figures (fitted to the other hosts' runs) give 4.3 ms and those runs' TTFT 49%,
-    22%, 29% and 16% short. The H100 runs' throughput, which the reading did not look at, comes out as published with
-    it (within 3%; 59% and 19% high with the profile's), the A100's within 7% (their steps 22-25% long). Every other
-    vLLM run of each page keeps its median TTFT within the issue's 25%, the H100 14B ShareGPT burst's among them (-37%
+    TTFT as published), it is 12.9 ms a request on the H100's 14B page and 8.7 ms on its 32B page, 10.3 ms on each of
+    the A100's, where the profile's figures (fitted to the other hosts' runs) give 3.9 ms and those runs' TTFT 50%,
+    22%, 33% and 21% short. The H100 runs' throughput, which the reading did not look at, comes out as published with
+    it (within 3%; 60% and 18% high with the profile's), the A100's within 7% (their steps 16-19% long). Every other
+    vLLM run of each page keeps its median TTFT within the issue's 25%, the H100 14B ShareGPT burst's among them (-38%
     with the profile's), and the A100 14B ShareGPT burst's throughput comes within 10% with its page's reading (+11%
     with the profile's)."""
     from harness.sim.calibrate import default_params, relative_errors, simulate
@@ -371,8 +400,8 @@ def test_a_deployments_own_front_end_read_from_its_short_prompts_holds_for_its_o
 
     runs = [run for run in map(load_measured, sorted(GPUSTACK.glob("*vllm*.json"))) if run.host_frontend_s]
     assert len(runs) == 22 and {(run.hardware, run.model, run.host_frontend_s) for run in runs} == {
-        ("h100-pcie", "qwen3-14b", 0.0131), ("h100-pcie", "qwen3-32b", 0.0091),
-        ("a100-80gb", "qwen3-14b", 0.0098), ("a100-80gb", "qwen3-32b", 0.0092)}
+        ("h100-pcie", "qwen3-14b", 0.0129), ("h100-pcie", "qwen3-32b", 0.0087),
+        ("a100-80gb", "qwen3-14b", 0.0103), ("a100-80gb", "qwen3-32b", 0.0103)}
 
     def errors(run):
         return relative_errors(run, simulate(run, default_params(run)))

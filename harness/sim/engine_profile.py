@@ -59,6 +59,7 @@ class EngineSpec(Strict):
     activation_traffic: bool = False
     flash_attention: bool = False
     decode_rows_in_query_tiles: bool = False
+    gemm_knee: bool = False
     # Figures measured elsewhere, which a fit keeps as they are: each with the measurement it was read from.
     held: dict[str, str] = {}
 
@@ -116,6 +117,9 @@ class EngineProfile:
     # V1 engine makes one call a layer. False: a decode kernel of their own (vLLM 0.5's paged attention, SGLang's
     # decode batches apart from its prefill batches).
     decode_rows_in_query_tiles: bool = False
+    # Whether a dense GEMM's time near the ridge is the smooth norm of its compute and memory bounds that GEMMs
+    # measure (`roofline.GEMM_KNEE_POWER`). False: their max (`vllm-0.5`, fitted so).
+    gemm_knee: bool = False
     # Its compute scale on the GPUs whose attention is FlashAttention-2 (`Hardware.attention_query_tile`: Ampere and
     # Ada) where its kernels reach another share of the class's figure than on Hopper; None: `compute_scale`.
     fa2_compute_scale: float | None = None

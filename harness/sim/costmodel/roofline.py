@@ -4,6 +4,7 @@ A step is three kinds of kernel, each bound by its own compute or its own memory
 kernels between them (`Architecture.activation_bytes_per_token`), on each GPU's share:
 
     time = max(dense GEMM FLOPs / (GEMM peak * compute eff.), dense weight bytes / (bandwidth * memory eff.))
+           (a smooth norm of the two instead where the engine says so: `GEMM_KNEE_POWER`)
          + max(expert GEMM FLOPs / (GEMM peak * compute eff. * MoE share), expert weight bytes / (...))
          + max(attention FLOPs / (BF16 peak * attention eff.), KV bytes / (bandwidth * memory eff.))
          + tokens * activation bytes per token / (bandwidth * memory eff.)   (engines with `activation_traffic`)
@@ -55,6 +56,13 @@ from harness.sim.engine_profile import EngineProfile
 # H100s with gigabyte messages (docs.alayanew.com/en/docs/tech-blog/2026-05-06-nccl-tests), as megabyte messages are.
 ALLREDUCE_STEP_LATENCY_S = 1.5e-6
 ALLREDUCE_BANDWIDTH_SHARE = 0.35
+# Near the ridge a GEMM neither streams its weights at the full bandwidth share nor computes at its full share of
+# peak: its time is a smooth norm of the two bounds, (compute^p + memory^p)^(1/p), not their max. vLLM's GEMM
+# benchmark on an H100 (pull request #49363: torch's BF16 GEMM over N=43008 x K=5376, 462 MB of weights) took 157,
+# 162 and 200 µs at 64, 128 and 256 tokens, where the weights alone take 151 µs at the held bandwidth share (its
+# one-token time) and the FLOPs 43, 86 and 171 µs at 0.7 of peak: p = 3 gives 152, 159 and 203 µs, a max 151, 151
+# and 171.
+GEMM_KNEE_POWER = 3
 
 
 class RooflineCostModel:
@@ -177,6 +185,13 @@ class RooflineCostModel:
         one_way = self.hardware.interconnect_bandwidth / 2 * ALLREDUCE_BANDWIDTH_SHARE
         return 2 * self.arch.num_layers * 2 * (n - 1) * (ALLREDUCE_STEP_LATENCY_S + message / n / one_way)
 
+    def _gemm_seconds(self, compute, memory):
+        """A dense GEMM's time from its two bounds: their smooth norm where the engine's kernels were fitted so
+        (`EngineProfile.gemm_knee`), else the sharp roofline's max."""
+        if not self.engine.gemm_knee:
+            return np.maximum(compute, memory)
+        return (compute**GEMM_KNEE_POWER + memory**GEMM_KNEE_POWER) ** (1 / GEMM_KNEE_POWER)
+
     def predict(self, shape: StepShape) -> float:
         """Seconds on the GPUs for a step of this shape (the engine's host time is `overhead`): each GPU's share of
         the kernels, and the all-reduces between them."""
@@ -194,7 +209,7 @@ class RooflineCostModel:
         if self._dense_widened:  # a mixed-precision kernel: a falling share of the BF16 peak as the tokens grow
             gemm_peak = gemm_peak * widened_gemm_share(shape.num_tokens)
         dense_flops, expert_flops = self.gemm_flops(shape)
-        seconds = np.maximum(dense_flops / gemm_peak, self._dense_bytes / n / memory)
+        seconds = self._gemm_seconds(dense_flops / gemm_peak, self._dense_bytes / n / memory)
         if a.num_experts:
             # No `widened_gemm_share`: the engine's fitted share for grouped expert GEMMs (`moe_share`) holds their
             # kernels' own shortfall, widened weights (gpt-oss's MXFP4 experts on a Hopper) included.
