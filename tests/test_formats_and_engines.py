@@ -237,7 +237,24 @@ def test_a_decode_row_in_a_v1_step_on_an_a100_costs_flash_attention_2s_whole_que
     assert not get_engine("vllm-0.5").decode_rows_in_query_tiles and not get_engine("sglang").decode_rows_in_query_tiles
 
 
-def test_the_v1_profile_reaches_a_share_of_its_own_on_the_gpus_without_flash_attention_3(monkeypatch):
+@pytest.fixture
+def searched_bounds(monkeypatch):
+    """The figures, with their bounds, that the last profile fit searched (`fit_engine.two_start_search` stood in for:
+    nothing is simulated)."""
+    from harness.sim import fit_engine
+
+    searched = {}
+
+    def search(start, bounds, loss_of, max_evaluations):
+        searched.clear()
+        searched.update(bounds)
+        return start, 0.0
+
+    monkeypatch.setattr(fit_engine, "two_start_search", search)
+    return searched
+
+
+def test_the_v1_profile_reaches_a_share_of_its_own_on_the_gpus_without_flash_attention_3(searched_bounds):
     v1, old = get_engine("vllm-v1"), get_engine("vllm-0.5")
     qwen = arch("qwen3-14b")
     assert RooflineCostModel(qwen, A100, v1).compute_efficiency == pytest.approx(0.57 * v1.fa2_compute_scale)
@@ -249,20 +266,13 @@ def test_the_v1_profile_reaches_a_share_of_its_own_on_the_gpus_without_flash_att
     from harness.sim import fit_engine
     from harness.sim.measured import load_measured_runs
 
-    searched = {}
-
-    def search(start, bounds, loss_of, max_evaluations):
-        searched.update(bounds)
-        return start, 0.0
-
-    monkeypatch.setattr(fit_engine, "two_start_search", search)
     published = ROOT / "tests" / "fixtures" / "published" / "gpustack"
     on_h100, on_a100 = (load_measured_runs([str(published / f"gpustack-{gpu}-qwen3-14b-vllm-random-2k.json")])
                         for gpu in ("h100", "a100"))
     fit_engine.fit_profile(on_h100, v1, 1)
-    assert "compute_scale" in searched and "fa2_compute_scale" not in searched
+    assert "compute_scale" in searched_bounds and "fa2_compute_scale" not in searched_bounds
     fit_engine.fit_profile(on_h100 + on_a100, v1, 1)
-    assert "fa2_compute_scale" in searched
+    assert "fa2_compute_scale" in searched_bounds
 
 
 def test_each_published_run_is_judged_by_its_own_engines_profile():
@@ -583,26 +593,18 @@ def test_the_v1_profile_reads_weights_at_a_measured_gemms_bandwidth_and_builds_i
     assert engine.token_overhead_s == 0.0
 
 
-def test_a_fit_keeps_what_a_profile_holds_and_its_file_keeps_the_source(monkeypatch, tmp_path):
+def test_a_fit_keeps_what_a_profile_holds_and_its_file_keeps_the_source(monkeypatch, searched_bounds, tmp_path):
     import shutil
 
     import yaml
 
     from harness.sim import fit_engine
 
-    searched = {}
-
-    def search(start, bounds, loss_of, max_evaluations):
-        searched.update(bounds)
-        return start, 0.0
-
-    monkeypatch.setattr(fit_engine, "two_start_search", search)
     engine = get_engine("vllm-v1")
     fit_engine.fit_profile([], engine, 1)
-    assert "seq_overhead_s" not in searched and "step_overhead_s" in searched
-    searched.clear()
+    assert "seq_overhead_s" not in searched_bounds and "step_overhead_s" in searched_bounds
     fit_engine.fit_profile([], dataclasses.replace(engine, held=()), 1)
-    assert "seq_overhead_s" in searched
+    assert "seq_overhead_s" in searched_bounds
     # Written back, the profile's file still says where the held figure came from.
     shutil.copy(ROOT / "conf" / "engine" / "vllm-v1.yaml", tmp_path / "vllm-v1.yaml")
     monkeypatch.setattr(fit_engine, "CATALOGUE_DIR", tmp_path)
