@@ -172,11 +172,16 @@ def test_a_gemm_near_the_ridge_takes_the_smooth_norm_of_its_bounds_that_vllms_ge
     assert get_engine("vllm-v1").gemm_knee and get_engine("sglang").gemm_knee and not get_engine("vllm-0.5").gemm_knee
 
 
-def test_attention_reaches_flash_attentions_measured_share_of_a_hopper_gpu():
+def test_attention_reaches_flash_attentions_measured_share_of_the_gpu():
     # FlashAttention-3 on an H100 (causal, head dim 128): 521 TFLOP/s at 2k tokens, 616 at 16k (arXiv 2407.08608).
     assert H100.attention_share(1024) == pytest.approx(521 / 989)  # a causal 2k prompt's queries read 1k keys each
     assert H100.attention_share(np.array([8192, 1e6])) == pytest.approx([616 / 989] * 2)  # held beyond 16k
-    assert H200.attention_share(4096) == H100.attention_share(4096) and A100.attention_share(4096) is None
+    assert H200.attention_share(4096) == H100.attention_share(4096)
+    # FlashAttention-2 on an A100 (causal, head dim 128): 142 TFLOP/s at 1k tokens, 158 at 4k (GPU_travel); none
+    # measured on Ada, whose GPUs keep the GEMMs' share.
+    assert A100.attention_share(np.array([512, 2048, 1e5])) == pytest.approx([142 / 312, 158 / 312, 158 / 312])
+    assert get_hardware("a100-40gb").attention_share(2048) == A100.attention_share(2048)
+    assert get_hardware("rtx-4090").attention_share(2048) is None
     # The PCIe card's are the SXM's at the same share of its own peak (the same SMs, fewer and slower).
     assert get_hardware("h100-pcie").attention_share(np.array([256, 4096])) == pytest.approx(
         H100.attention_share(np.array([256, 4096])), rel=0.005)
@@ -398,20 +403,19 @@ def test_a_deployments_own_front_end_read_from_its_short_prompts_holds_for_its_o
     """GPUStack's H100 and A100 pages of Qwen3-14B and -32B each sent 1,000 chat requests of 128 tokens (4 output
     tokens) at once, whose first tokens wait on vLLM's API server rendering and parsing every one of them before it
     hands any over: a measurement of that deployment's serial front-end work. Read from that run alone (the median
-    TTFT as published), it is 12.9 ms a request on the H100's 14B page and 8.7 ms on its 32B page, 10.3 ms on each of
-    the A100's, where the profile's figures (fitted to the other hosts' runs) give 3.9 ms and those runs' TTFT 50%,
-    22%, 33% and 21% short. The H100 runs' throughput, which the reading did not look at, comes out as published with
-    it (within 3%; 60% and 18% high with the profile's), the A100's within 7% (their steps 16-19% long). Every other
-    vLLM run of each page keeps its median TTFT within the issue's 25%, the H100 14B ShareGPT burst's among them (-38%
-    with the profile's), and the A100 14B ShareGPT burst's throughput comes within 10% with its page's reading (+11%
-    with the profile's)."""
+    TTFT as published), it is 12.9 ms a request on the H100's 14B page and 8.7 ms on its 32B page, 10.9 and 11.8 ms on
+    the A100's, where the profile's figures (fitted to the other hosts' runs) give 3.8 ms and those runs' TTFT 51%,
+    23%, 37% and 26% short. Their throughput, which the reading did not look at, comes out as published with it
+    (within 3%; 61%, 18%, 32% and 17% high with the profile's). Every other vLLM run of each page keeps its median TTFT
+    within the issue's 25%, the H100 14B ShareGPT burst's among them (-38% with the profile's), and the A100 14B
+    ShareGPT burst's throughput comes within 10% with its page's reading (+14% with the profile's)."""
     from harness.sim.calibrate import default_params, relative_errors, simulate
     from harness.sim.measured import MeasuredRunError, load_measured
 
     runs = [run for run in map(load_measured, sorted(GPUSTACK.glob("*vllm*.json"))) if run.host_frontend_s]
     assert len(runs) == 22 and {(run.hardware, run.model, run.host_frontend_s) for run in runs} == {
         ("h100-pcie", "qwen3-14b", 0.0129), ("h100-pcie", "qwen3-32b", 0.0087),
-        ("a100-80gb", "qwen3-14b", 0.0103), ("a100-80gb", "qwen3-32b", 0.0103)}
+        ("a100-80gb", "qwen3-14b", 0.0109), ("a100-80gb", "qwen3-32b", 0.0118)}
 
     def errors(run):
         return relative_errors(run, simulate(run, default_params(run)))
@@ -424,11 +428,9 @@ def test_a_deployments_own_front_end_read_from_its_short_prompts_holds_for_its_o
 
     for read_from in (run for run in runs if run.name.endswith("random-128")):
         own, profiles = errors(read_from), errors(with_profiles(read_from))
-        on_h100 = read_from.hardware == "h100-pcie"
         assert abs(own["ttft_s_p50"]) < 0.01, read_from.name
-        assert abs(own["output_throughput_tps"]) < (0.03 if on_h100 else 0.07), read_from.name
-        assert profiles["ttft_s_p50"] < -0.15, read_from.name
-        assert not on_h100 or profiles["output_throughput_tps"] > 0.15, read_from.name
+        assert abs(own["output_throughput_tps"]) < 0.03, read_from.name
+        assert profiles["ttft_s_p50"] < -0.2 and profiles["output_throughput_tps"] > 0.15, read_from.name
     others = [run for run in runs if not run.name.endswith("random-128")]
     assert len(others) == 18 and all(abs(ttft_error(run)) < 0.25 for run in others)
     burst = next(run for run in others if run.name == "gpustack-h100-qwen3-14b-vllm-sharegpt-1000")
