@@ -24,7 +24,7 @@ from strategies.continuous import ADMISSIONS, ORDERS
 from workloads.config import Count, Number, Positive, Seed, Strict, WorkloadConfig, one_line, plain_config
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-KERNEL_BACKENDS = ("auto", "triton", "torch")  # kernels.BACKENDS; a test holds the two equal
+KERNEL_BACKENDS = ("auto", "triton", "torch")  # ragged_kernels.BACKENDS; a test holds the two equal
 ROUTER_NAMES = ("round_robin", "least_outstanding", "prefix_aware")  # harness.sim.router.ROUTERS; likewise
 ENDPOINTS = ("completions", "chat")  # the OpenAI APIs a client calls: /v1/completions, /v1/chat/completions
 Fraction = Annotated[Number, Field(gt=0, le=1)]

@@ -45,7 +45,7 @@ def check_kernels(device: str) -> dict:
         env.pop("TRITON_INTERPRET", None)
     chosen = ["-k", "matches_reference_fp32 and mixed"] if device == "cpu" else []
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/kernels",
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/ragged_kernels",
                              *chosen], cwd=ROOT, env=env, capture_output=True, text=True)
     tail = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr[-300:]
     return {"passed": result.returncode == 0, "result": tail, "seconds": round(time.perf_counter() - start, 1)}
@@ -127,7 +127,7 @@ def _compare(strategy: str, dtype: str, records, logits: dict, expected: dict, e
 
 def check_bench(dry_run: bool) -> dict:
     from harness.machine_load import MachineLoad, machine_line
-    from kernels.bench import run_bench
+    from ragged_kernels.bench import run_bench
 
     shape = dict(decodes=4, ctx_min=32, ctx_max=64, prefill=16, prefill_ctx=32, heads=4, kv_heads=2, head_dim=32,
                  dtype="float32", iters=3) if dry_run else {}

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -87,12 +88,16 @@ def test_the_command_line_runs_and_reports_errors_in_one_line(tmp_path):
     assert json.loads((tmp_path / "bad" / "status.json").read_text())["status"] == "failed"
 
 
-def test_transformers_never_mistakes_our_kernels_package_for_the_hub_one():
-    from transformers.utils import is_kernels_available
+def test_our_kernels_never_shadow_the_hub_package_transformers_imports():
+    # transformers 5.25 depends on the Hub's `kernels` package and imports it while its models load; a top-level
+    # package of ours named `kernels` shadowed it from the repository root, and no model could be built.
+    import importlib.util
 
-    import kernels  # noqa: F401  (ours, importable)
+    import ragged_kernels  # noqa: F401  (ours, importable)
 
-    assert not is_kernels_available()
+    found = importlib.util.find_spec("kernels")  # the Hub's, where transformers installed it
+    assert not (ROOT / "kernels").exists() and (found is None or Path(found.origin).parent != ROOT / "kernels")
+    from transformers import PreTrainedModel  # noqa: F401  (loads the hub-kernels integration where it is installed)
 
 
 @pytest.mark.parametrize("source,path", [

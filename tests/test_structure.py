@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
-PACKAGES = ("harness", "strategies", "workloads", "kernels")
+PACKAGES = ("harness", "strategies", "workloads", "ragged_kernels")
 
 
 def module_files() -> dict[str, Path]:

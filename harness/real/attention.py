@@ -10,7 +10,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from kernels import padded_paged_attention, ragged_paged_attention, store_kv
+from ragged_kernels import padded_paged_attention, ragged_paged_attention, store_kv
 
 ATTENTION_NAME = "batchlab_paged"
 

@@ -9,9 +9,15 @@ import sys
 import pytest
 import torch
 
-from kernels import padded_paged_attention, ragged_paged_attention, ragged_paged_attention_ref, store_kv, store_kv_ref
-from kernels.bench import random_paged_batch, run_bench
-from kernels.compile_check import sources
+from ragged_kernels import (
+    padded_paged_attention,
+    ragged_paged_attention,
+    ragged_paged_attention_ref,
+    store_kv,
+    store_kv_ref,
+)
+from ragged_kernels.bench import random_paged_batch, run_bench
+from ragged_kernels.compile_check import sources
 from tests.conftest import ROOT
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -129,7 +135,7 @@ def test_padded_attention_matches_ragged_on_the_real_tokens():
 def test_kernels_compile_for_sm80_and_sm90(tmp_path):
     """The interpreter accepts code the GPU compiler rejects: compile for real targets, with a fresh cache."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_CACHE_DIR": str(tmp_path)}
-    result = subprocess.run([sys.executable, "-m", "kernels.compile_check", "--json"], cwd=ROOT, env=env,
+    result = subprocess.run([sys.executable, "-m", "ragged_kernels.compile_check", "--json"], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads(result.stdout)
@@ -148,9 +154,9 @@ def test_the_benchmark_checks_and_times_every_implementation():
 
 
 def test_the_benchmark_refuses_to_time_a_wrong_implementation(monkeypatch):
-    import kernels.bench
+    import ragged_kernels.bench
 
-    monkeypatch.setattr(kernels.bench, "sdpa_per_sequence", lambda q, *args: torch.zeros_like(q))
+    monkeypatch.setattr(ragged_kernels.bench, "sdpa_per_sequence", lambda q, *args: torch.zeros_like(q))
     with pytest.raises(AssertionError, match="torch SDPA per sequence differs from the torch reference"):
         run_bench(decodes=2, ctx_min=8, ctx_max=9, prefill=4, prefill_ctx=6, heads=2, kv_heads=1, head_dim=16,
                   dtype="float32", iters=1)

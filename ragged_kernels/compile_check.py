@@ -1,4 +1,4 @@
-"""Compile every kernel for real GPUs on any machine: `python -m kernels.compile_check`.
+"""Compile every kernel for real GPUs on any machine: `python -m ragged_kernels.compile_check`.
 
 The interpreter accepts code the GPU compiler rejects (`break`, small `tl.dot` tiles), so the CPU tests also run
 Triton's own compiler for sm_80 and sm_90 with the tile sizes the GPU path uses. Needs TRITON_INTERPRET unset.
@@ -12,8 +12,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels.paged_attention import BLOCK_M, BLOCK_N, ragged_paged_attention_kernel
-from kernels.store_kv import store_kv_kernel
+from ragged_kernels.paged_attention import BLOCK_M, BLOCK_N, ragged_paged_attention_kernel
+from ragged_kernels.store_kv import store_kv_kernel
 
 TARGETS = {"sm_80": GPUTarget("cuda", 80, 32), "sm_90": GPUTarget("cuda", 90, 32)}
 TRITON_DTYPES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}

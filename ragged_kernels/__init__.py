@@ -9,11 +9,11 @@ import os
 
 import torch
 
-from kernels.reference import padded_paged_attention, ragged_paged_attention_ref, store_kv_ref
+from ragged_kernels.reference import padded_paged_attention, ragged_paged_attention_ref, store_kv_ref
 
 try:  # Triton ships for Linux only; elsewhere the torch path still runs
-    from kernels.paged_attention import ragged_paged_attention_triton
-    from kernels.store_kv import store_kv_triton
+    from ragged_kernels.paged_attention import ragged_paged_attention_triton
+    from ragged_kernels.store_kv import store_kv_triton
 except ImportError:  # pragma: no cover - depends on the platform
     ragged_paged_attention_triton = store_kv_triton = None
 

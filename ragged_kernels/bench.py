@@ -1,4 +1,4 @@
-"""Time ragged paged attention on a continuous-batching step: `python -m kernels.bench [--help]`.
+"""Time ragged paged attention on a continuous-batching step: `python -m ragged_kernels.bench [--help]`.
 
 Default shape: 64 decodes at contexts of 1-4k plus one 512-token prefill chunk, Llama-2-7B-like heads, bf16.
 Prints each implementation's median time and its ratio to the Triton kernel, measured side by side in one run:
@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from harness.machine_load import MachineLoad, machine_line
-from kernels import ragged_paged_attention, ragged_paged_attention_ref, store_kv, store_kv_ref
-from kernels.reference import gather_kv
+from ragged_kernels import ragged_paged_attention, ragged_paged_attention_ref, store_kv, store_kv_ref
+from ragged_kernels.reference import gather_kv
 
 
 def random_paged_batch(q_lens, k_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, device,
