@@ -226,8 +226,7 @@ def profile_params(run: MeasuredRun, engine: EngineProfile) -> RooflineParams:
     """The figures `run` is replayed with under `engine`: the engine's, with the compute share its GPU class reaches
     in that engine (the hardware class's figure scaled by the engine's)."""
     figures = {name: getattr(engine, name) for name in asdict(BOUNDS) if name != "compute_efficiency"}
-    hardware = get_hardware(run.hardware)
-    return RooflineParams(hardware.compute_efficiency * engine.compute_scale_on(hardware), **figures)
+    return RooflineParams(engine.compute_efficiency_on(get_hardware(run.hardware)), **figures)
 
 
 def default_params(run: MeasuredRun) -> RooflineParams:

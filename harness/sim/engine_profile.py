@@ -125,10 +125,10 @@ class EngineProfile:
     fa2_compute_scale: float | None = None
     held: tuple[str, ...] = ()  # figures a fit keeps (`EngineSpec.held`: measured elsewhere)
 
-    def compute_scale_on(self, hardware) -> float:
-        """Its scale on `hardware`'s compute efficiency."""
+    def compute_efficiency_on(self, hardware) -> float:
+        """The share of `hardware`'s peak FLOP/s its kernels reach: the class's figure times its scale there."""
         fa2 = hardware.attention_query_tile and self.fa2_compute_scale is not None
-        return self.fa2_compute_scale if fa2 else self.compute_scale
+        return hardware.compute_efficiency * (self.fa2_compute_scale if fa2 else self.compute_scale)
 
     def moe_share(self, tokens_per_expert):
         """The share of the dense compute efficiency an expert GEMM of this many tokens reaches (arrays too)."""

@@ -78,7 +78,7 @@ class RooflineCostModel:
         self.arch, self.hardware, self.engine = arch, hardware, engine
         self.tensor_parallel, self.expert_parallel = n, expert_parallel
         # None: the hardware class's share of peak FLOP/s (`Hardware.compute_efficiency`), scaled by the engine's.
-        self.compute_efficiency = compute_efficiency or hardware.compute_efficiency * engine.compute_scale_on(hardware)
+        self.compute_efficiency = compute_efficiency or engine.compute_efficiency_on(hardware)
         # Attention at FlashAttention's measured rates where the hardware file has them and the engine runs it.
         self._flash_attention = engine.flash_attention and bool(hardware.flash_attention_rates)
         # FlashAttention skips the key blocks a causal mask hides wholly; an engine without it computed them (its
