@@ -251,6 +251,28 @@ class Architecture:
         split = self.num_layers * (2 * (q + k) + out) + 3 * mlp
         return self.bytes_per_param * (self.num_layers * 8 * self.hidden_size + split / tensor_parallel)
 
+    def quantized_inputs_per_token(self, tensor_parallel: int = 1) -> tuple[float, float]:
+        """Elements of the linear layers' inputs each GPU quantizes per token, all layers, (outside the routed
+        experts, into them): a GEMM on FP8 or FP4 tensor cores takes its activations in its weights' format, and a
+        kernel before it writes them from the compute dtype (vLLM's and SGLang's per-token-group FP8 quantization).
+        The attention's and the MLP's inputs are the hidden state, whole on every GPU; the output projection's and the
+        down projection's are split by tensor parallelism. MLA quantizes its latent projections' inputs (the hidden
+        state once, the query and KV latents); a mixture quantizes a token's hidden state once for its routed
+        experts and each expert's down projection input, and its shared experts' inputs apart."""
+        n = tensor_parallel
+        if self.latent_attention:
+            attention = 2 * self.hidden_size if not self.q_lora_rank else self.hidden_size + self.q_lora_rank
+            attention += self.kv_lora_rank + self.num_heads * self.v_head_dim / n
+        else:
+            attention = self.hidden_size + self.num_heads * self.head_dim / n
+        dense_layers = self.num_layers - self.num_moe_layers
+        shared = self.hidden_size + self.num_shared_experts * self.expert_intermediate_size / n \
+            if self.num_shared_experts else 0.0
+        outside = self.num_layers * attention + dense_layers * (self.hidden_size + self.intermediate_size / n) + \
+            self.num_moe_layers * shared
+        routed = self.num_moe_layers * (self.hidden_size + self.experts_per_token * self.expert_intermediate_size / n)
+        return outside, routed
+
     def kv_shards(self, tensor_parallel: int) -> int:
         """How many ways N GPUs split the cache: by KV head, as far as the heads go (fewer heads than GPUs are
         replicated); a latent cache is one head, held whole by every GPU (vLLM's MLA with tensor parallelism)."""

@@ -143,6 +143,41 @@ def test_the_kernels_between_the_gemms_cost_their_activation_bytes_per_token():
     assert get_engine("vllm-v1").activation_traffic and get_engine("sglang").activation_traffic
 
 
+def test_a_gemm_on_fp8_tensor_cores_first_quantizes_its_input_and_a_widened_one_does_not():
+    # Qwen3-32B: each layer quantizes its hidden state for the QKV and gate-up projections and the attention's
+    # (64 x 128) and the activation's (25600) outputs for the output and down projections, those two split by TP.
+    qwen = arch("qwen3-32b", quantization="fp8")
+    assert qwen.quantized_inputs_per_token() == (64 * (2 * 5120 + 8192 + 25600), 0)
+    assert qwen.quantized_inputs_per_token(8) == (64 * (2 * 5120 + (8192 + 25600) / 8), 0)
+    # DeepSeek-V3: MLA quantizes the hidden state once (the fused query and KV latent projections), then the query
+    # (1536) and KV (512) latents and the 128 x 128 attention output; its 3 dense MLPs as Qwen's; its 58 MoE layers
+    # the hidden state once for the routed experts and once for the shared one, and each down projection's input.
+    deepseek = arch("deepseek-v3", quantization="fp8")
+    attention = 7168 + 1536 + 512 + 128 * 128
+    assert deepseek.quantized_inputs_per_token() == (
+        61 * attention + 3 * (7168 + 18432) + 58 * (7168 + 2048), 58 * (7168 + 8 * 2048))
+    prefill = StepShape(False, 4096, 1, 4096 * 2048, 4096, 1)
+
+    def extra_seconds(model, gpu):  # what the quantization adds to a prefill, the kernels between the GEMMs aside
+        counted, uncounted = (RooflineCostModel(model, gpu, bare_engine(activation_traffic=flag))
+                              for flag in (True, False))
+        return counted.predict(prefill) - uncounted.predict(prefill) - \
+            4096 * model.activation_bytes_per_token() / gpu.memory_bandwidth
+
+    # Each element read in BF16 and written in FP8: 3 bytes, where an H100 has FP8 tensor cores.
+    quantized = qwen.quantized_inputs_per_token()[0]
+    assert extra_seconds(qwen, H100) == pytest.approx(4096 * 3 * quantized / H100.memory_bandwidth)
+    # An A100 widens FP8 weights in the kernel (Marlin's W8A16), which takes its input in BF16: nothing to quantize.
+    assert extra_seconds(qwen, A100) == pytest.approx(0.0, abs=1e-12)
+    assert extra_seconds(arch("qwen3-32b"), H100) == pytest.approx(0.0, abs=1e-12)  # BF16 weights
+    # gpt-oss ships only its experts in MXFP4: a B200's FP4 tensor cores take their inputs in that format
+    # (0.53 bytes written), its BF16 attention none.
+    oss = arch("gpt-oss-120b")
+    outside, routed = oss.quantized_inputs_per_token()
+    assert extra_seconds(oss, B200) == pytest.approx(4096 * routed * (2 + 4.25 / 8) / B200.memory_bandwidth)
+    assert extra_seconds(oss, H100) == pytest.approx(0.0, abs=1e-12)  # widened on a Hopper
+
+
 def test_a_gemm_near_the_ridge_takes_the_smooth_norm_of_its_bounds_that_vllms_gemm_benchmark_measured():
     from harness.sim.costmodel.roofline import GEMM_KNEE_POWER
 

@@ -7,7 +7,8 @@ kernels between them (`Architecture.activation_bytes_per_token`), on each GPU's 
            (a smooth norm of the two instead where the engine says so: `GEMM_KNEE_POWER`)
          + max(expert GEMM FLOPs / (GEMM peak * compute eff. * MoE share), expert weight bytes / (...))
          + max(attention FLOPs / (BF16 peak * attention eff.), KV bytes / (bandwidth * memory eff.))
-         + tokens * activation bytes per token / (bandwidth * memory eff.)   (engines with `activation_traffic`)
+         + tokens * activation bytes per token / (bandwidth * memory eff.)   (engines with `activation_traffic`:
+           the kernels between the GEMMs, and those quantizing their inputs for FP8 or FP4 tensor cores)
          + all-reduces between the GPUs
 
 The GEMM peak is the weights' format's (FP8 or FP4 tensor cores where the GPU has them, see `Hardware.gemm_peak`).
@@ -100,7 +101,23 @@ class RooflineCostModel:
         self._expert_bytes = arch.num_moe_layers * arch.expert_params * arch.expert_format_bytes
         self._prefill_pair_flops = arch.attention_flops_per_pair(decode=False)
         self._decode_pair_flops = arch.attention_flops_per_pair(decode=True)
-        self._activation_bytes = arch.activation_bytes_per_token(n) if engine.activation_traffic else 0.0
+        self._activation_bytes = 0.0
+        if engine.activation_traffic:
+            self._activation_bytes = arch.activation_bytes_per_token(n) + self._input_quantization_bytes(n)
+
+    def _input_quantization_bytes(self, tensor_parallel: int) -> float:
+        """Bytes each GPU moves per token quantizing the linear layers' inputs for FP8 or FP4 tensor cores
+        (`Architecture.quantized_inputs_per_token`): each element read in the compute dtype and written in the
+        weights' format. None where the weights are BF16, or widened in the kernel (Marlin's W8A16 on an A100 takes
+        BF16 activations)."""
+        a = self.arch
+        outside, routed = a.quantized_inputs_per_token(tensor_parallel)
+
+        def per_element(weight_bytes):
+            quantized = weight_bytes < a.bytes_per_param and not self.hardware.widens(weight_bytes)
+            return a.bytes_per_param + weight_bytes if quantized else 0.0
+
+        return outside * per_element(a.weight_format_bytes) + routed * per_element(a.expert_format_bytes)
 
     def host_seconds(self, shape: StepShape):
         """The engine's host work for a step: fixed, plus per sequence (rows of a padded rectangle included) and per
