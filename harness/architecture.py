@@ -252,13 +252,14 @@ class Architecture:
         return self.bytes_per_param * (self.num_layers * 8 * self.hidden_size + split / tensor_parallel)
 
     def quantized_inputs_per_token(self, tensor_parallel: int = 1) -> tuple[float, float]:
-        """Elements of the linear layers' inputs each GPU quantizes per token, all layers, (outside the routed
-        experts, into them): a GEMM on FP8 or FP4 tensor cores takes its activations in its weights' format, and a
-        kernel before it writes them from the compute dtype (vLLM's and SGLang's per-token-group FP8 quantization).
-        The attention's and the MLP's inputs are the hidden state, whole on every GPU; the output projection's and the
-        down projection's are split by tensor parallelism. MLA quantizes its latent projections' inputs (the hidden
-        state once, the query and KV latents); a mixture quantizes a token's hidden state once for its routed
-        experts and each expert's down projection input, and its shared experts' inputs apart."""
+        """Elements of the linear layers' inputs each GPU quantizes per token over all layers, as (those outside the
+        routed experts, those into them): a GEMM on FP8 or FP4 tensor cores takes its activations in its weights'
+        format, which a kernel before it writes from the compute dtype (vLLM's and SGLang's per-token-group FP8
+        quantization). The attention's and the MLP's inputs are the hidden state, whole on every GPU; the output and
+        down projections' inputs are split by tensor parallelism. MLA quantizes the hidden state once for its fused
+        query and KV latent projections (twice where it has no query latent), then both latents; a mixture quantizes a
+        token's hidden state once for its routed experts, each expert's down projection input, and its shared
+        experts' inputs apart."""
         n = tensor_parallel
         if self.latent_attention:
             attention = 2 * self.hidden_size if not self.q_lora_rank else self.hidden_size + self.q_lora_rank

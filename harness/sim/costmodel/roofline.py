@@ -108,7 +108,7 @@ class RooflineCostModel:
     def _input_quantization_bytes(self, tensor_parallel: int) -> float:
         """Bytes each GPU moves per token quantizing the linear layers' inputs for FP8 or FP4 tensor cores
         (`Architecture.quantized_inputs_per_token`): each element read in the compute dtype and written in the
-        weights' format. None where the weights are BF16, or widened in the kernel (Marlin's W8A16 on an A100 takes
+        weights' format. Nothing where the weights are BF16, or widened in the kernel (Marlin's W8A16 on an A100 takes
         BF16 activations)."""
         a = self.arch
         outside, routed = a.quantized_inputs_per_token(tensor_parallel)
