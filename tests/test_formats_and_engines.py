@@ -13,7 +13,7 @@ from harness.config import ConfigError, compose_config, validate
 from harness.job import run_job
 from harness.model_spec import described_model
 from harness.sim.costmodel import RooflineCostModel, StepShape, step_shape
-from harness.sim.costmodel.hardware import get_hardware, widened_gemm_share
+from harness.sim.costmodel.hardware import Hardware, get_hardware, widened_gemm_share
 from harness.sim.engine_profile import fixture_engine, get_engine
 from strategies import BatchPlan, Request, ScheduledChunk
 from tests.conftest import ROOT, bare_engine
@@ -170,6 +170,11 @@ def test_a_gemm_on_fp8_tensor_cores_first_quantizes_its_input_and_a_widened_one_
     # An A100 widens FP8 weights in the kernel (Marlin's W8A16), which takes its input in BF16: nothing to quantize.
     assert extra_seconds(qwen, A100) == pytest.approx(0.0, abs=1e-12)
     assert extra_seconds(arch("qwen3-32b"), H100) == pytest.approx(0.0, abs=1e-12)  # BF16 weights
+    # BF16 weights beside FP32 activations (a CPU run) are narrower than the compute dtype but reach no tensor cores
+    # of their own: nothing is quantized for them either.
+    fp32 = Architecture.from_config(described_model("qwen3-32b"), 4, "bf16")
+    cpu = Hardware("cpu", 2e12, 1e11, 96e9, kind="cpu")  # an FP32 peak, no narrower tensor cores
+    assert extra_seconds(fp32, cpu) == pytest.approx(0.0, abs=1e-12)
     # gpt-oss ships only its experts in MXFP4: a B200's FP4 tensor cores take their inputs in that format
     # (0.53 bytes written), its BF16 attention none.
     oss = arch("gpt-oss-120b")
