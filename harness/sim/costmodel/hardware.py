@@ -41,6 +41,10 @@ class HardwareSpec(Strict):
     # MI300-class; FP4 on Blackwell and MI355X). A GPU without one runs that format's weights widened to BF16.
     fp8_tflops: Annotated[float, Field(gt=0)] | None = None
     fp4_tflops: Annotated[float, Field(gt=0)] | None = None
+    # The share of that FP8 peak a GEMM over this project's FP8 (weights scaled per 128 x 128 block, activations per
+    # 128 elements: `FORMAT_BYTES`) reaches against one scaled per channel, where measured: tensor cores that take no
+    # block scales (Hopper's) leave the kernel to rescale each 128-deep slice of its partial sums on the CUDA cores.
+    fp8_block_scaled_share: Annotated[float, Field(gt=0, le=1)] = 1.0
     # Share of peak FLOP/s a serving engine reaches on this GPU class, where measured runs say; else the default.
     compute_efficiency: Annotated[float, Field(gt=0, le=1)] = DEFAULT_COMPUTE_EFFICIENCY
     # FlashAttention's measured forward rate on this GPU (BF16, causal, head dim 128), TFLOP/s by sequence length,
@@ -75,6 +79,7 @@ class Hardware:
     interconnect_bandwidth: float = 0.0  # bytes/s between two GPUs of a node, both directions together
     compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY  # share of peak_flops a serving engine reaches
     fp8_flops: float | None = None  # FP/s of the FP8 tensor cores; None: none
+    fp8_block_scaled_share: float = 1.0  # of fp8_flops, a block-scaled FP8 GEMM's (HardwareSpec's)
     fp4_flops: float | None = None
     flash_attention_rates: tuple[tuple[int, float], ...] = ()  # (causal sequence length, FLOP/s), ascending
     attention_query_tile: int = 0  # FlashAttention-2's query rows per tile on this GPU; 0: none given
@@ -84,6 +89,7 @@ class Hardware:
         return cls(spec.name, spec.bf16_tflops * 1e12, spec.memory_bandwidth_gbps * GB, spec.memory_gb * GB,
                    interconnect_bandwidth=spec.interconnect_gbps * GB, compute_efficiency=spec.compute_efficiency,
                    fp8_flops=spec.fp8_tflops and spec.fp8_tflops * 1e12,
+                   fp8_block_scaled_share=spec.fp8_block_scaled_share,
                    fp4_flops=spec.fp4_tflops and spec.fp4_tflops * 1e12,
                    flash_attention_rates=tuple(sorted((length, tflops * 1e12) for length, tflops
                                                       in (spec.flash_attention_tflops or {}).items())),
@@ -108,11 +114,11 @@ class Hardware:
         """The tensor-core peak a GEMM over weights of `weight_bytes` per parameter reaches: its format's, or the
         next wider format the GPU has (FP8 weights on an A100 and FP4 on a Hopper are widened to BF16 in the
         kernel: Marlin-style mixed-precision GEMMs, which reach `widened_gemm_share` of it). Activations are
-        quantized to match where the GPU can."""
+        quantized to match where the GPU can. FP8 is block-scaled (`fp8_block_scaled_share`)."""
         if weight_bytes < 1:
             return self.fp4_flops or self.peak_flops
         if weight_bytes == 1:
-            return self.fp8_flops or self.peak_flops
+            return self.fp8_flops * self.fp8_block_scaled_share if self.fp8_flops else self.peak_flops
         return self.peak_flops
 
     def widens(self, weight_bytes: float) -> bool:
