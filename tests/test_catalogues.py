@@ -80,6 +80,10 @@ def test_a_gpu_comes_from_a_file_or_inline_and_an_incomplete_one_is_named(tmp_pa
         get_hardware(str(path))
     with pytest.raises(ValueError, match="unknown hardware 'tpu-v9'; the catalogue has a100-40gb, a100-80gb"):
         get_hardware("tpu-v9")
+    figures |= {"memory_gb": 64, "fp8_block_scaled_share": 0.75}
+    with pytest.raises(ValueError, match="fp8_block_scaled_share is a share of fp8_tflops, which is not given"):
+        get_hardware(figures)
+    assert get_hardware(figures | {"fp8_tflops": 800}).gemm_peak(1) == 600e12
 
 
 def test_an_inline_gpu_works_from_the_command_line():

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated
 
 import numpy as np
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from harness.catalogue import catalogue_entry, catalogue_names
 from workloads.config import Strict, one_line
@@ -53,6 +53,12 @@ class HardwareSpec(Strict):
     # Where FlashAttention-3 is absent (Ampere, Ada): the query rows FlashAttention-2's kernel over a paged cache
     # computes at a time for each sequence and head, whatever that sequence's queries fill of them.
     flash_attention_query_tile: Annotated[int, Field(ge=1)] | None = None
+
+    @model_validator(mode="after")
+    def _share_of_a_peak_given(self):
+        if self.fp8_block_scaled_share != 1.0 and self.fp8_tflops is None:
+            raise ValueError("fp8_block_scaled_share is a share of fp8_tflops, which is not given")
+        return self
 
 
 # A GEMM whose weights the GPU's tensor cores cannot take runs a mixed-precision kernel (Marlin-style: each weight tile
