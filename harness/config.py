@@ -102,6 +102,8 @@ class SimRunnerConfig(Strict):
     endpoint: Literal[ENDPOINTS] = "completions"
     chat_latency_s: Annotated[Number, Field(ge=0, le=60)] | None = None
     async_scheduling: bool | None = None  # the host schedules the next step while the GPU runs this one
+    # SGLang's --scheduler-recv-interval (an sglang profile's scheduler): decode batches between takes of new requests.
+    scheduler_recv_interval: Count | None = None
     # A mixture of experts' grouped GEMMs: their share of the dense GEMMs' efficiency with many tokens per expert,
     # the tokens per expert at which they reach half of it, and the GPU time each touched expert costs a layer.
     moe_efficiency: Fraction | None = None

@@ -50,9 +50,9 @@ def device_caps(device) -> tuple[tuple[int, int], str]:
 
 
 def configured_replica(cfg: RunConfig, make_runner, num_blocks: int, max_model_len: int, eos, engine_class,
-                       caps: tuple[tuple[int, int], str], scheduler: str = "vllm") -> Engine:
+                       caps: tuple[tuple[int, int], str], scheduler: str = "vllm", recv_interval: int = 1) -> Engine:
     """A replica with the strategy's options, `auto` caps replaced by `caps` ((sequences, tokens), whose), continuous
-    batching scheduled as `scheduler`'s engine does."""
+    batching scheduled as `scheduler`'s engine does (SGLang's taking requests in every `recv_interval` steps)."""
     (num_seqs, num_tokens), whose = caps
     if num_seqs > num_blocks:  # `auto` fits the hardware: no more running requests than the cache has blocks
         num_seqs, whose = num_blocks, f"{whose}, capped at the KV cache's {num_blocks} blocks"
@@ -63,7 +63,7 @@ def configured_replica(cfg: RunConfig, make_runner, num_blocks: int, max_model_l
         engine = build_replica(cfg.strategy.name, options, make_runner, num_blocks=num_blocks,
                                block_size=cfg.kv_cache.block_size, max_model_len=max_model_len, eos_token_ids=eos,
                                engine_class=engine_class, prefix_caching=cfg.kv_cache.prefix_caching,
-                               scheduler=scheduler, eviction=cfg.kv_cache.eviction)
+                               scheduler=scheduler, eviction=cfg.kv_cache.eviction, recv_interval=recv_interval)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     engine.caps_source = f"{', '.join(auto)} from {whose}" if auto else "as configured"

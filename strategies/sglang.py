@@ -15,6 +15,11 @@ defaults (mixed chunks off, `schedule_conservativeness` 1, `SGLANG_*` environmen
   first (of those, the longest prompt), until 20 more tokens for each request left fit, and sets the ratio to the
   share the requests left have decoded: (their output tokens + 20 each) / (their output budgets + 1).
 
+- With `--scheduler-recv-interval` N (`recv_interval`, default 1), the scheduler takes arrived requests in only when
+  a counter it adds to at every step reaches N: 1 after a decode batch, at once after a prefill batch, and at once
+  when nothing runs (its idle loop spins). Under decoding, a request that arrived waits up to N decode batches before
+  any batch can admit it (SGLang's `SchedulerRecvSkipper`; the counter starts full).
+
 A retracted request goes back to the head of the queue here (SGLang's goes to its tail) and recomputes its tokens,
 less what the prefix cache still holds, as the engine does for every preemption. A request that no reserve admits
 runs when nothing else does, so an engine never stands idle with work waiting; and where one decoder's next block
@@ -23,7 +28,7 @@ too, newest first, so it never stands still either.
 """
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from strategies.base import BatchPlan, Request, ScheduledChunk
 from strategies.continuous import ContinuousBatching
@@ -34,6 +39,9 @@ NEW_TOKEN_RATIO_DECAY_STEPS = 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
 RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / NEW_TOKEN_RATIO_DECAY_STEPS  # a decode batch
+# What a step adds to the receive counter (SchedulerRecvSkipper's weights): a decode batch 1, any other step (a prefill
+# batch) enough to receive at the next.
+RECV_WEIGHT_DECODE, RECV_WEIGHT_OTHER = 1, 1000
 
 
 def output_to_come(request: Request) -> int:
@@ -53,18 +61,55 @@ def ratio_after_retraction(num_output_tokens: int, num_requests: int, max_new_to
     return min(1.0, (num_output_tokens + RETRACT_DECODE_STEPS * num_requests) / (max_new_tokens + 1))
 
 
+class RecvSkipper:
+    """Which waiting requests SGLang's scheduler has taken in (`--scheduler-recv-interval`, the module docstring)."""
+
+    def __init__(self, interval: int):
+        if interval < 1:
+            raise ValueError(f"the scheduler's receive interval must be at least 1 step, got {interval}")
+        self.interval = interval
+        self.counter = interval  # full: the first step receives
+        # Request ids taken in: those waiting or running at the last take (a running request retracted since goes back
+        # to the queue taken in); finished ones drop out at the next take.
+        self.received: set[int] = set()
+
+    def due(self, idle: bool) -> bool:
+        """Whether a step starting now takes the waiting requests in."""
+        return self.interval > 1 and (idle or self.counter >= self.interval)
+
+    def step(self, waiting: Iterable[Request], running: Iterable[Request], idle: bool) -> None:
+        """At a step's start, after `add` counted the last one: takes `waiting` in when it is `due`."""
+        if self.due(idle):
+            self.received = {r.request_id for r in waiting} | {r.request_id for r in running}
+            self.counter = 0
+
+    def add(self, prefill: bool, num_steps: int = 1) -> None:
+        self.counter += RECV_WEIGHT_OTHER if prefill else RECV_WEIGHT_DECODE * num_steps
+
+    def has(self, request: Request) -> bool:
+        return self.interval == 1 or request.request_id in self.received
+
+    def steps_to_next(self) -> int:
+        """Decode batches that may run from here before one takes requests in (the next step starts that one)."""
+        return max(self.interval - self.counter, 1) if self.interval > 1 else 1 << 30
+
+
 class SGLangBatching(ContinuousBatching):
     """SGLang's continuous batching (see the module docstring); the options are `ContinuousBatching`'s, its
     `order` unused (prefill batches always come first and run alone) and `admission` too (a prompt enters only with
-    room for all of it and its expected output, as the module docstring says)."""
+    room for all of it and its expected output, as the module docstring says), and `recv_interval`."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, recv_interval: int = 1, **kwargs):
         super().__init__(*args, **kwargs)
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.recv = RecvSkipper(recv_interval)
 
     def schedule(self, waiting: deque[Request], running: Sequence[Request]) -> BatchPlan:
+        self.recv.step(waiting, running, idle=not running)
         plan = self._prefill_batch(waiting, running)
-        return plan if plan.chunks else self._decode_batch(running)
+        plan = plan if plan.chunks else self._decode_batch(running)
+        self.recv.add(prefill=not any(c.is_decode for c in plan.chunks))
+        return plan
 
     def _prefill_batch(self, waiting: deque[Request], running: Sequence[Request]) -> BatchPlan:
         budget = self.max_batch_tokens
@@ -80,7 +125,7 @@ class SGLangBatching(ContinuousBatching):
         reserved = sum(map(output_to_come, running)) * self.new_token_ratio  # tokens
         admitted: list[Request] = []
         for request in waiting:
-            if not budget or len(running) + len(admitted) >= self.max_num_seqs:
+            if not budget or len(running) + len(admitted) >= self.max_num_seqs or not self.recv.has(request):
                 break
             cached = self.kv.num_cached_tokens(request)
             uncached = request.num_tokens - cached

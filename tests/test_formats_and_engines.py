@@ -582,6 +582,36 @@ def test_the_sglang_profile_schedules_as_sglang_does(tmp_path):
         validate(compose_config([*base, f"runner.engine={tmp_path / 'mine.yaml'}"]))
 
 
+def test_sglangs_receive_interval_delays_each_request_of_a_closed_loop_by_the_decode_batches_it_waits(tmp_path):
+    """`runner.scheduler_recv_interval=30` (SGLang's --scheduler-recv-interval, as InferenceX launches it from 16
+    concurrent requests): under decoding a request that arrived waits for the scheduler's next take, up to 30 decode
+    batches, so a closed loop's TTFT grows by about half that many of its decode steps; its decoding does not change.
+    It is SGLang's flag: with vLLM's scheduler it is one error naming it."""
+    base = ["runner=sim", "runner.hardware=h100", "model=qwen3-8b", "runner.engine=sglang", "workload=random",
+            "workload.max_concurrency=16", "workload.num_requests=160", "workload.input_len=1000",
+            "workload.output_len=500", "workload.range_ratio=0.2", "progress=false"]  # staggered, as InferenceX's
+    every_step = run_job(compose_config(base), tmp_path / "every-step")
+    every_30 = run_job(compose_config([*base, "runner.scheduler_recv_interval=30"]), tmp_path / "every-30")
+    assert every_step["num_finished"] == every_30["num_finished"] == 160
+    waited = every_30["ttft_s_p50"] - every_step["ttft_s_p50"]
+    assert 5 * every_step["tpot_s_p50"] < waited < 30 * every_step["tpot_s_p50"]
+    assert every_30["tpot_s_p50"] == pytest.approx(every_step["tpot_s_p50"], rel=0.1)
+    with pytest.raises(ConfigError, match="scheduler_recv_interval is SGLang's --scheduler-recv-interval; the "
+                                          "vllm-v1 profile schedules as vllm does"):
+        run_job(compose_config([*base[:3], "runner.scheduler_recv_interval=30"]), tmp_path / "vllm")
+    # A published run says it in its setup, as InferenceX's B200 runs do; a value that is no step count is named.
+    from harness.sim.measured import MeasuredRunError, load_measured
+
+    published = ROOT / "tests" / "fixtures" / "published" / "inferencex"
+    assert {load_measured(path).setup["scheduler_recv_interval"] for path in published.glob("*b200*.json")} == {10, 30}
+    data = json.loads(next(published.glob("*b200*.json")).read_text())
+    data["setup"]["scheduler_recv_interval"] = 0.5
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    with pytest.raises(MeasuredRunError, match="setup.scheduler_recv_interval is 0.5; it must be a whole number of "
+                                               "decode steps, 1 or more"):
+        load_measured(tmp_path / "run.json")
+
+
 def test_the_chat_endpoint_adds_its_latency_to_every_ttft_of_a_closed_loop(tmp_path):
     from harness.sim.calibrate import default_params, pinned_params, simulate
     from harness.sim.measured import MeasuredRunError, load_measured

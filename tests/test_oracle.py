@@ -66,8 +66,10 @@ def test_every_strategy_matches_generate(setting, runner_model, reference_model)
 
 def test_staggered_arrivals_match_generate(runner_model, reference_model):
     specs = make_specs(LENGTHS, arrivals=[0.0, 0.0, 0.01, 0.02, 0.5, 0.5])
-    for strategy, options in (("dynamic", dict(batch_size=2)), ("continuous", dict(max_batch_tokens=9,
-                                                                                    max_num_seqs=3))):
+    for strategy, options in (("dynamic", dict(batch_size=2)), ("continuous", dict(max_batch_tokens=9, max_num_seqs=3)),
+                              # SGLang's scheduler taking arrivals in every third decode batch
+                              ("continuous", dict(max_batch_tokens=9, max_num_seqs=3, scheduler="sglang",
+                                                  recv_interval=3))):
         records, _, runner = run_engine(runner_model, specs, strategy, block_size=3, **options)
         assert_matches_generate(records, runner, reference_model, specs)
 

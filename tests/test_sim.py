@@ -235,7 +235,8 @@ def test_profile_then_simulate(tmp_path):
     ("continuous", dict(max_batch_tokens=20, max_num_seqs=6, max_prefill_chunk=7), "vllm", "auto"),
     ("continuous", dict(max_batch_tokens=24, max_num_seqs=4, admission="whole_prompt"), "vllm", "auto"),
     ("continuous", dict(max_batch_tokens=24, max_num_seqs=6), "sglang", "auto"),
-    ("continuous", dict(max_batch_tokens=24, max_num_seqs=10, max_prefill_chunk=12), "sglang", "auto")])
+    ("continuous", dict(max_batch_tokens=24, max_num_seqs=10, max_prefill_chunk=12), "sglang", "auto"),
+    ("continuous", dict(max_batch_tokens=24, max_num_seqs=6, recv_interval=4), "sglang", "auto")])
 @pytest.mark.parametrize("replicas,max_concurrency,prefix_caching", [(1, None, False), (3, 5, False), (1, None, True),
                                                                      (1, 5, True), (3, None, True)])
 def test_simulated_engines_make_exactly_the_records_of_the_step_by_step_engine(strategy, options, scheduler, eviction,
@@ -274,7 +275,8 @@ def test_simulated_engines_make_exactly_the_records_of_the_step_by_step_engine(s
 @pytest.mark.parametrize("strategy,options,scheduler", [
     ("static", dict(batch_size=4), "vllm"), ("dynamic", dict(batch_size=4), "vllm"),
     ("continuous", dict(max_batch_tokens=32, max_num_seqs=4), "vllm"),
-    ("continuous", dict(max_batch_tokens=32, max_num_seqs=4), "sglang")])
+    ("continuous", dict(max_batch_tokens=32, max_num_seqs=4), "sglang"),
+    ("continuous", dict(max_batch_tokens=32, max_num_seqs=4, recv_interval=10), "sglang")])
 @pytest.mark.parametrize("prefix_caching", [False, True])
 def test_long_decode_stretches_run_in_bulk_with_the_same_records(strategy, options, scheduler, prefix_caching):
     # Low load, long outputs, a cache that runs out late: long decode-only stretches, a few cut by the cache.

@@ -217,6 +217,42 @@ def test_sglang_admits_against_a_reserve_for_the_running_requests_output_to_come
     assert plan.admitted == [newcomer] and all(not c.is_decode for c in plan.chunks)  # a prefill batch, alone
 
 
+def test_sglang_with_a_receive_interval_takes_new_requests_in_every_that_many_decode_batches():
+    """--scheduler-recv-interval 10: under decoding, a request that arrived waits until the tenth decode batch since
+    the last take; a prefill batch makes the next step take at once, and so does an idle engine. At the default, 1,
+    it enters at the next step."""
+    from strategies.sglang import SGLangBatching
+
+    def steps_until_admitted(interval, decodes_before):
+        allocator = BlockAllocator(num_blocks=64, block_size=4)
+        strategy = SGLangBatching(allocator, max_batch_tokens=64, max_num_seqs=8, recv_interval=interval)
+        running = [decoding_request(0, prompt_len=10, num_output=2)]
+        allocator.allocate(running[0], running[0].num_computed_tokens)
+        strategy.new_token_ratio = 0.0  # no reserve: only the receive holds the newcomer back
+        for _ in range(decodes_before):
+            assert not strategy.schedule(deque(), running).admitted
+        newcomer = Request(request_id=9, arrival_s=0.0, token_ids=[1] * 8, num_prompt_tokens=8, max_new_tokens=4)
+        for steps in range(1, 30):
+            if strategy.schedule(deque([newcomer]), running).admitted == [newcomer]:
+                return steps
+        raise AssertionError("never admitted")
+
+    # The first step takes in (the counter starts full); then every tenth decode batch.
+    assert steps_until_admitted(1, 3) == 1 and steps_until_admitted(10, 0) == 1
+    assert [steps_until_admitted(10, n) for n in (1, 3, 9, 10, 12)] == [10, 8, 2, 1, 9]
+    allocator = BlockAllocator(num_blocks=64, block_size=4)
+    strategy = SGLangBatching(allocator, max_batch_tokens=64, max_num_seqs=8, recv_interval=10)
+    first, second = (Request(request_id=i, arrival_s=0.0, token_ids=[1] * 8, num_prompt_tokens=8, max_new_tokens=4)
+                     for i in (1, 2))
+    assert strategy.schedule(deque([first]), []).admitted == [first]  # idle: taken in at once
+    strategy.kv.allocate(first, 8)
+    first.num_computed_tokens = 8
+    first.num_output_tokens = 1
+    assert strategy.schedule(deque([second]), [first]).admitted == [second]  # after a prefill batch: at once
+    with pytest.raises(ValueError, match="receive interval must be at least 1 step, got 0"):
+        SGLangBatching(allocator, max_batch_tokens=64, max_num_seqs=8, recv_interval=0)
+
+
 def test_sglang_learns_its_ratio_from_decode_batches_and_retractions():
     """The ratio falls from 0.7 to 0.098 over 600 decode batches. A decode batch short of cache retracts the
     requests with the fewest output tokens (ties: the longest prompt) until 20 tokens each fit for the rest, and

@@ -63,6 +63,8 @@ def run_replica(run: MeasuredRun, params: RooflineParams):
     profile = _profile(fixture_engine(run.setup)).overridden(asdict(params))
     if "async_scheduling" in run.setup:
         profile = profile.overridden({"async_scheduling": bool(run.setup["async_scheduling"])})
+    if "scheduler_recv_interval" in run.setup:  # its SGLang's launch flag
+        profile = profile.overridden({"scheduler_recv_interval": int(run.setup["scheduler_recv_interval"])})
     costs = RooflineCostModel(arch, hardware, profile, params.compute_efficiency, run.tensor_parallel,
                               run.expert_parallel)
     default_seqs, default_tokens = hardware.serving_defaults
@@ -88,6 +90,7 @@ def run_replica(run: MeasuredRun, params: RooflineParams):
         prefix_caching=run.prefix_caching,
         scheduler=profile.scheduler,
         eviction=run.eviction,
+        recv_interval=profile.scheduler_recv_interval,
     )
 
 

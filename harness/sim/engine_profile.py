@@ -52,6 +52,7 @@ class EngineSpec(Strict):
     frontend_batches: bool = False
     async_scheduling: bool = False
     scheduler: Literal["vllm", "sglang"] = "vllm"
+    scheduler_recv_interval: Annotated[int, Field(ge=1)] = 1
     moe_efficiency: Share = 1.0
     moe_tokens_half: Annotated[float, Field(ge=0)] = 0.0
     expert_overhead_s: Annotated[float, Field(ge=0, le=1e-3)] = 0.0
@@ -92,6 +93,9 @@ class EngineProfile:
     # How it schedules continuous batching: vLLM's way (`strategies.continuous`) or SGLang's (`strategies.sglang`:
     # prefill batches apart, admission against a reserve for running requests' output still to come).
     scheduler: str = "vllm"
+    # SGLang's --scheduler-recv-interval: decode batches between the scheduler's takes of arrived requests
+    # (`strategies.sglang.RecvSkipper`); 1, SGLang's default, takes them in at every step. SGLang's scheduler only.
+    scheduler_recv_interval: int = 1
     # Expert GEMMs (grouped, one small GEMM per expert) reach `moe_efficiency` of the dense GEMMs' compute
     # efficiency with many tokens per expert, and half that at `moe_tokens_half` tokens per expert.
     moe_efficiency: float = 1.0
@@ -124,6 +128,11 @@ class EngineProfile:
     # Ada) where its kernels reach another share of the class's figure than on Hopper; None: `compute_scale`.
     fa2_compute_scale: float | None = None
     held: tuple[str, ...] = ()  # figures a fit keeps (`EngineSpec.held`: measured elsewhere)
+
+    def __post_init__(self):
+        if self.scheduler_recv_interval != 1 and self.scheduler != "sglang":
+            raise ValueError(f"scheduler_recv_interval is SGLang's --scheduler-recv-interval; the {self.name} profile "
+                             f"schedules as {self.scheduler} does")
 
     def compute_efficiency_on(self, hardware) -> float:
         """The share of `hardware`'s peak FLOP/s its kernels reach: the class's figure times its scale there."""

@@ -187,6 +187,10 @@ def check_setup(setup: dict, path: Path) -> None:
                                     and setup.get("host_frontend_from")):
         raise MeasuredRunError(f"measured run {str(path)!r}: setup.host_frontend_s must be a positive number of "
                                "seconds, with setup.host_frontend_from saying which measurement shows it")
+    interval = setup.get("scheduler_recv_interval", 1)
+    if not (isinstance(interval, int) and not isinstance(interval, bool) and interval >= 1):
+        raise MeasuredRunError(f"measured run {str(path)!r}: setup.scheduler_recv_interval is {interval!r}; it must "
+                               "be a whole number of decode steps, 1 or more (SGLang's --scheduler-recv-interval)")
     if figure := next((key for key in GPU_FIGURES if key in setup), None):
         raise MeasuredRunError(f"measured run {str(path)!r}: setup.{figure} is a figure of its GPU, which a replay "
                                "takes from the run's hardware file: name one that gives it (hardware: my_gpu.yaml, "

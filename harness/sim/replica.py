@@ -60,9 +60,12 @@ def simulated_replicas(cfg: RunConfig):
     else:
         blocks = auto_num_blocks(costs, cfg, caps[0])
     engine_class = partial(simulated_engine, shared_prefixes=any(s.prefix_pieces for s in workload.requests))
-    scheduler = costs.engine.scheduler if isinstance(costs, RooflineCostModel) else "vllm"  # a profile's, if any
+    profiled = isinstance(costs, RooflineCostModel)  # a profile's scheduler, if any
+    scheduler = costs.engine.scheduler if profiled else "vllm"
+    recv_interval = costs.engine.scheduler_recv_interval if profiled else 1
     replicas = [configured_replica(cfg, lambda allocator: SimRunner(costs), blocks, config["max_position_embeddings"],
-                                   (), engine_class, caps, scheduler) for _ in range(cfg.runner.replicas)]
+                                   (), engine_class, caps, scheduler, recv_interval)
+                for _ in range(cfg.runner.replicas)]
     route = make_router(cfg.runner.router, cfg.runner.router_load_weight) if len(replicas) > 1 else None
     return replicas, route, workload, "cpu", dtype
 

@@ -6,7 +6,8 @@ counts decode batches, not steps (`decode_step`): a member has `base + d` tokens
 starts, and its output to come is `last + 1 - d`. Between finishes, decode batches run in bulk up to the first that
 would retract, or that the head of the queue would enter instead: the reserve shrinks as the ratio decays and the
 decoders' output to come falls, while their new blocks fill the cache, so that moment is found for every batch of
-the stretch at once.
+the stretch at once. With a receive interval (`RecvSkipper`), a stretch ends before the batch whose step would take
+requests in.
 """
 
 import numpy as np
@@ -40,20 +41,36 @@ class SimSGLang(SimEngine):
         self._paused = False  # a prefill batch ran since the last decode batch
         self._clipped: dict[int, int] = {}  # decoders whose output to come exceeded the clip: request_id → last + 1
         self._stretch: tuple | None = None  # during a bulk run: (head of the queue, [N] room, [N] free blocks)
+        self.recv = strategy.recv  # which waiting requests the scheduler has taken in
+        self._received_at = -1  # the step whose start last asked it
 
     def step(self, arrivals: Arrivals | None = None) -> None:
+        self._receive()
         if self._decode_stretch(arrivals):
             return
         step = len(self.records.steps)
         chunks, num_lookup, num_cached = self._prefill_batch()
         if chunks:
             self._run_prefill(step, chunks, num_lookup, num_cached)
+            self.recv.add(prefill=True)
         elif self.decoders:
             self._run_decode(step)
+            self.recv.add(prefill=False)
         else:
             raise RuntimeError(f"sglang scheduled nothing with {len(self.waiting)} waiting and {len(self.running)} "
                                "running requests: a scheduler bug, not a workload problem")
         self._decode_stretch(arrivals)
+
+    def _receive(self) -> None:
+        """What the scheduler does at a step's start, once a step: takes the waiting requests in if it is due."""
+        step = len(self.records.steps)
+        if step != self._received_at:
+            self.recv.step(self.waiting, self.running.values(), idle=not self.running)
+            self._received_at = step
+
+    def _would_have(self, request: Request) -> bool:
+        """Whether the scheduler has taken `request` in by the next step's start."""
+        return self.recv.has(request) or self.recv.due(idle=not self.running)
 
     # One step at a time.
 
@@ -79,6 +96,8 @@ class SimSGLang(SimEngine):
         bs = self.allocator.block_size
         while self.waiting and budget and len(self.running) < self.strategy.max_num_seqs:
             request = self.waiting[0]
+            if not self.recv.has(request):
+                break
             cached = self._cached_prefix(request)
             uncached = request.num_tokens - cached
             free = self.allocator.num_free_blocks * bs - reserved
@@ -233,7 +252,7 @@ class SimSGLang(SimEngine):
     def _may_admit(self) -> bool:
         """Now: whether the next step admits the head of the queue. During a bulk run (a request that arrived
         became the head): whether it would at any step of the run, which stops there to find out step by step."""
-        if not self.waiting:
+        if not self.waiting or not self._would_have(self.waiting[0]):
             return False
         head = self.waiting[0]
         if self._stretch is None:
@@ -248,8 +267,9 @@ class SimSGLang(SimEngine):
         the first the head of the queue would enter instead, if they are several; returns whether they ran."""
         if self.prefilling or self._late_first_decode or self._paused or not self._may_run(arrivals):
             return False
+        self._receive()  # no arrival is due before this step starts (`_may_run`)
         step, d = len(self.records.steps), self.decode_step
-        num_steps = self.decoders.next_finish() - d + 1
+        num_steps = min(self.decoders.next_finish() - d + 1, self.recv.steps_to_next())
         if num_steps < MIN_RUN_STEPS:
             return False
         phases = np.array(self.decoders.phase_sizes())
@@ -267,7 +287,7 @@ class SimSGLang(SimEngine):
         free_blocks = free - np.concatenate(([0], taken[:-1]))  # [N] when each batch is scheduled
         room = free_blocks * self.allocator.block_size - self._decoders_to_come(batches) * ratios[:-1]  # [N]
         head = self.waiting[0] if self.waiting else None
-        if head is not None:
+        if head is not None and self.recv.has(head):
             admits = self._admits(head, room, free_blocks)
             if self._cached_prefix(head):  # its cached blocks stay as long as nothing is evicted
                 admits |= taken > free - self.allocator.num_evictable_blocks
@@ -284,6 +304,7 @@ class SimSGLang(SimEngine):
                               kv_cached_blocks=lambda ran: self.num_cached_blocks(step)
                               - self.allocator.num_evicted_by(taken[:ran]))
         self._stretch = None
+        self.recv.add(prefill=False, num_steps=ran)
         self.allocator.take(int(taken[ran - 1]))
         self.new_token_ratio = float(ratios[ran])
         self.decode_step = d + ran
