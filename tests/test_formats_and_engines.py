@@ -100,6 +100,10 @@ def test_weights_widened_in_the_kernel_win_a_decode_by_their_bytes_and_lose_a_pr
     assert widened_gemm_share(np.array([1, 128, 256, 2048, 8192])) == pytest.approx([1.0, 1.0, 0.74, 0.60, 0.60])
     assert 0.60 < widened_gemm_share(1500) < 0.66  # between 1024 and 2048 tokens, in log tokens
     assert A100.widens(1) and not H100.widens(1) and H100.widens(4.25 / 8) and not A100.widens(2)
+    # Tensor cores of the format, whatever share of their peak a block-scaled GEMM reaches: even one that puts the
+    # FP8 GEMM at the BF16 peak is no widened kernel.
+    half = dataclasses.replace(H100, fp8_block_scaled_share=H100.peak_flops / H100.fp8_flops)
+    assert half.gemm_peak(1) == half.peak_flops and not half.widens(1) and half.has_cores_for(1)
     bf16, fp8 = (RooflineCostModel(arch("qwen3-14b", quantization=q), A100, bare_engine()) for q in ("bf16", "fp8"))
     assert fp8.predict(decode(8, 1000)) < 0.7 * bf16.predict(decode(8, 1000))  # memory-bound: half the weight bytes
     prefill = StepShape(False, 2048, 2, 2048 * 1024, 2048, 2)

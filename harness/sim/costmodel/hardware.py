@@ -127,10 +127,15 @@ class Hardware:
             return self.fp8_flops * self.fp8_block_scaled_share if self.fp8_flops else self.peak_flops
         return self.peak_flops
 
+    def has_cores_for(self, weight_bytes: float) -> bool:
+        """Whether the GPU has tensor cores of the narrower format of weights of `weight_bytes` per parameter (FP8
+        or FP4), which take their inputs in that format too."""
+        return bool(self.fp4_flops if weight_bytes < 1 else self.fp8_flops if weight_bytes == 1 else False)
+
     def widens(self, weight_bytes: float) -> bool:
         """Whether GEMMs over weights of `weight_bytes` per parameter widen them in the kernel (no tensor cores for
         their format here)."""
-        return weight_bytes < 2 and self.gemm_peak(weight_bytes) == self.peak_flops
+        return weight_bytes < 2 and not self.has_cores_for(weight_bytes)
 
     @property
     def serving_defaults(self) -> tuple[int, int]:

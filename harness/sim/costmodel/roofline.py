@@ -108,14 +108,14 @@ class RooflineCostModel:
     def _input_quantization_bytes(self, tensor_parallel: int) -> float:
         """Bytes each GPU moves per token quantizing the linear layers' inputs for FP8 or FP4 tensor cores
         (`Architecture.quantized_inputs_per_token`): each element read in the compute dtype and written in the
-        weights' format. Nothing where the GEMM runs at the compute dtype's peak (`Hardware.gemm_peak`): weights in
-        that dtype or BF16, or widened in the kernel (Marlin's W8A16 on an A100 takes BF16 activations)."""
+        weights' format. Nothing where no tensor cores of the weights' format run the GEMM (`Hardware.has_cores_for`):
+        weights in the compute dtype or BF16, or widened in the kernel (Marlin's W8A16 on an A100 takes BF16
+        activations)."""
         a = self.arch
         outside, routed = a.quantized_inputs_per_token(tensor_parallel)
 
         def per_element(weight_bytes):
-            on_narrower_cores = self.hardware.gemm_peak(weight_bytes) != self.hardware.peak_flops
-            return a.bytes_per_param + weight_bytes if on_narrower_cores else 0.0
+            return a.bytes_per_param + weight_bytes if self.hardware.has_cores_for(weight_bytes) else 0.0
 
         return outside * per_element(a.weight_format_bytes) + routed * per_element(a.expert_format_bytes)
 
