@@ -603,6 +603,10 @@ def test_sglangs_receive_interval_delays_each_request_of_a_closed_loop_by_the_de
     with pytest.raises(ConfigError, match="scheduler_recv_interval is SGLang's --scheduler-recv-interval; the "
                                           "vllm-v1 profile schedules as vllm does"):
         run_job(compose_config([*base[:3], "runner.scheduler_recv_interval=30"]), tmp_path / "vllm")
+    mine = tmp_path / "mine.yaml"  # a profile of vLLM's scheduler that gives it: one line naming the file
+    mine.write_text((ROOT / "conf" / "engine" / "vllm-v1.yaml").read_text() + "scheduler_recv_interval: 10\n")
+    with pytest.raises(ValueError, match=f"{mine}.*scheduler_recv_interval is SGLang's"):
+        get_engine(str(mine))
     # A published run says it in its setup, as InferenceX's B200 runs do; a value that is no step count is named.
     from harness.sim.measured import MeasuredRunError, load_measured
 

@@ -162,7 +162,10 @@ def get_engine(choice) -> EngineProfile:
     except ValidationError as e:
         raise ValueError(f"{where}: {one_line(e, choice)}") from None
     names = {f.name for f in fields(EngineProfile)} - {"held"}
-    return EngineProfile(**spec.model_dump(include=names), held=tuple(spec.held))
+    try:
+        return EngineProfile(**spec.model_dump(include=names), held=tuple(spec.held))
+    except ValueError as e:  # figures that do not go together (`EngineProfile.__post_init__`)
+        raise ValueError(f"{where}: {e}") from None
 
 
 def fixture_engine(setup: dict) -> str:
