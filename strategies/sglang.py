@@ -28,7 +28,7 @@ too, newest first, so it never stands still either.
 """
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from strategies.base import BatchPlan, Request, ScheduledChunk
 from strategies.continuous import ContinuousBatching
@@ -77,9 +77,10 @@ class RecvSkipper:
         """Whether a step starting now takes the waiting requests in."""
         return self.interval > 1 and (idle or self.counter >= self.interval)
 
-    def step(self, waiting: Iterable[Request], running: Iterable[Request], idle: bool) -> None:
-        """At a step's start, after `add` counted the last one: takes `waiting` in when it is `due`."""
-        if self.due(idle):
+    def step(self, waiting: Iterable[Request], running: Collection[Request]) -> None:
+        """At a step's start, after `add` counted the last one: takes `waiting` in when it is `due` (idle: nothing
+        `running`)."""
+        if self.due(idle=not running):
             self.received = {r.request_id for r in waiting} | {r.request_id for r in running}
             self.counter = 0
 
@@ -105,7 +106,7 @@ class SGLangBatching(ContinuousBatching):
         self.recv = RecvSkipper(recv_interval)
 
     def schedule(self, waiting: deque[Request], running: Sequence[Request]) -> BatchPlan:
-        self.recv.step(waiting, running, idle=not running)
+        self.recv.step(waiting, running)
         plan = self._prefill_batch(waiting, running)
         plan = plan if plan.chunks else self._decode_batch(running)
         self.recv.add(prefill=not any(c.is_decode for c in plan.chunks))

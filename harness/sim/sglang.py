@@ -65,7 +65,7 @@ class SimSGLang(SimEngine):
         """What the scheduler does at a step's start, once a step: takes the waiting requests in if it is due."""
         step = len(self.records.steps)
         if step != self._received_at:
-            self.recv.step(self.waiting, self.running.values(), idle=not self.running)
+            self.recv.step(self.waiting, self.running.values())
             self._received_at = step
 
     def _would_have(self, request: Request) -> bool:

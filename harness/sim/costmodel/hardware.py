@@ -121,11 +121,9 @@ class Hardware:
         next wider format the GPU has (FP8 weights on an A100 and FP4 on a Hopper are widened to BF16 in the
         kernel: Marlin-style mixed-precision GEMMs, which reach `widened_gemm_share` of it). Activations are
         quantized to match where the GPU can. FP8 is block-scaled (`fp8_block_scaled_share`)."""
-        if weight_bytes < 1:
-            return self.fp4_flops or self.peak_flops
-        if weight_bytes == 1:
-            return self.fp8_flops * self.fp8_block_scaled_share if self.fp8_flops else self.peak_flops
-        return self.peak_flops
+        if not self.has_cores_for(weight_bytes):
+            return self.peak_flops
+        return self.fp4_flops if weight_bytes < 1 else self.fp8_flops * self.fp8_block_scaled_share
 
     def has_cores_for(self, weight_bytes: float) -> bool:
         """Whether the GPU has tensor cores of the narrower format of weights of `weight_bytes` per parameter (FP8
