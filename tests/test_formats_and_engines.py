@@ -688,6 +688,30 @@ def test_each_profile_gives_the_errors_its_file_records_for_every_published_run_
         assert errors(run, engine) == pytest.approx(expected, abs=6e-5), run.name
 
 
+def test_a_profiles_report_shows_a_runs_median_itl_where_it_publishes_one_and_its_fit_never_sees_it():
+    """A median ITL is the step most of a burst's tokens come from; a TPOT mixes those steps with the prefills a
+    request waits out. The grounding tables show both, so two errors that cancel in a TPOT show, but a fit matches
+    only the metrics of `calibrate.WEIGHTS`."""
+    from harness.sim import fit_engine
+    from harness.sim.measured import load_measured
+
+    engine = get_engine("vllm-v1")
+    with_itl = load_measured(GPUSTACK / "gpustack-a100-qwen3-32b-vllm-random-32k.json")
+    shown = fit_engine.errors(with_itl, engine)
+    assert set(shown) == {"output_throughput_tps", "tpot_s_p50", "ttft_s_p50", "itl_s_p50"}
+    # That page's decode steps: TPOT within 2% and the step a token mostly waits for some 15% short.
+    assert abs(shown["tpot_s_p50"]) < 0.02 and shown["itl_s_p50"] < -0.12
+    doubled = dataclasses.replace(with_itl, metrics=with_itl.metrics | {"itl_s_p50": 2 * with_itl.metrics["itl_s_p50"]})
+    assert fit_engine.errors(doubled, engine)["itl_s_p50"] == pytest.approx((1 + shown["itl_s_p50"]) / 2 - 1)
+    assert fit_engine.loss([doubled], engine) == fit_engine.loss([with_itl], engine)
+    without_itl = load_measured(GPUSTACK / "gpustack-a100-qwen3-32b-vllm-sharegpt-1000.json")
+    assert "itl_s_p50" not in fit_engine.errors(without_itl, engine)
+    header, _, shown_row, blank_row = fit_engine.markdown(
+        fit_engine.error_rows([with_itl, without_itl], engine, "held out")).splitlines()
+    assert header.split(" | ")[-1] == "ITL p50 |"
+    assert shown_row.endswith(f" | {shown['itl_s_p50']:+.1%} |") and blank_row.endswith(" |  |")
+
+
 # vLLM PR #23914 (A100, tensor parallel 2, the LLM class, 512 output tokens a request): output tok/s at each number of
 # sequences a step, scheduled synchronously and asynchronously.
 ASYNC_SCHEDULING_TOKENS_PER_S = {32: (1014, 1025), 64: (1853, 1896), 128: (3048, 3177), 256: (4039, 4258)}

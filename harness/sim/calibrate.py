@@ -115,12 +115,12 @@ def simulate(run: MeasuredRun, params: RooflineParams) -> dict:
     )
 
 
-def relative_errors(run: MeasuredRun, predicted: dict) -> dict[str, float]:
-    """(predicted - measured) / measured for every metric both have that a fit matches."""
+def relative_errors(run: MeasuredRun, predicted: dict, keys: Iterable[str] = WEIGHTS) -> dict[str, float]:
+    """(predicted - measured) / measured for every metric of `keys` (by default those a fit matches) both have."""
     return {
         key: (predicted[key] - measured) / measured
         for key, measured in run.metrics.items()
-        if key in WEIGHTS and measured and predicted.get(key) is not None and not math.isnan(predicted[key])
+        if key in keys and measured and predicted.get(key) is not None and not math.isnan(predicted[key])
     }
 
 
