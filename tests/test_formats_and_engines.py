@@ -704,7 +704,7 @@ def test_a_profiles_report_shows_a_runs_median_itl_where_it_publishes_one_and_it
     doubled = dataclasses.replace(with_itl, metrics=with_itl.metrics | {"itl_s_p50": 2 * with_itl.metrics["itl_s_p50"]})
     assert fit_engine.errors(doubled, engine)["itl_s_p50"] == pytest.approx((1 + shown["itl_s_p50"]) / 2 - 1)
     assert fit_engine.loss([doubled], engine) == fit_engine.loss([with_itl], engine)
-    without_itl = load_measured(GPUSTACK / "gpustack-a100-qwen3-32b-vllm-sharegpt-1000.json")
+    without_itl = load_measured(GPUSTACK.parent / "kvcached-h100-qwen3-0.6b-rate-16.json")
     assert "itl_s_p50" not in fit_engine.errors(without_itl, engine)
     header, _, shown_row, blank_row = fit_engine.markdown(
         fit_engine.error_rows([with_itl, without_itl], engine, "held out")).splitlines()
