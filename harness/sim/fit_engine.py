@@ -43,13 +43,13 @@ SHOWN = {"output_throughput_tps": "tput", "tpot_s_p50": "TPOT p50", "ttft_s_p50"
          "itl_s_p50": "ITL p50"}
 
 
-def errors(run: MeasuredRun, engine: EngineProfile) -> dict[str, float]:
-    """`run`'s relative error under `engine` in every metric of `SHOWN` it publishes."""
-    return relative_errors(run, simulate(run, profile_params(run, engine)), SHOWN)
+def errors(run: MeasuredRun, engine: EngineProfile, keys=SHOWN) -> dict[str, float]:
+    """`run`'s relative error under `engine` in every metric of `keys` it publishes."""
+    return relative_errors(run, simulate(run, profile_params(run, engine)), keys)
 
 
 def loss(runs: list[MeasuredRun], engine: EngineProfile) -> float:
-    return error_loss({key: error for key, error in errors(run, engine).items() if key in WEIGHTS} for run in runs)
+    return error_loss(errors(run, engine, WEIGHTS) for run in runs)
 
 
 def fit_profile(runs: list[MeasuredRun], start: EngineProfile, max_evaluations: int) -> tuple[EngineProfile, float]:
