@@ -84,6 +84,9 @@ def test_a_gpu_comes_from_a_file_or_inline_and_an_incomplete_one_is_named(tmp_pa
     with pytest.raises(ValueError, match="fp8_block_scaled_share is a share of fp8_tflops, which is not given"):
         get_hardware(figures)
     assert get_hardware(figures | {"fp8_tflops": 800}).gemm_peak(1) == 600e12
+    with pytest.raises(ValueError, match=r"stream_bandwidth_gbps \(2100\) is above the datasheet's "
+                                         r"memory_bandwidth_gbps \(2000\)"):
+        get_hardware(figures | {"fp8_tflops": 800, "stream_bandwidth_gbps": 2100})
 
 
 def test_an_inline_gpu_works_from_the_command_line():

@@ -336,6 +336,21 @@ def test_the_v1_profile_reaches_a_share_of_its_own_on_the_gpus_without_flash_att
     assert "fa2_compute_scale" in searched_bounds
 
 
+def test_a_v1_engine_streams_an_a100s_memory_no_faster_than_that_gpu_was_measured_to():
+    """The V1-era profiles hold the share of its datasheet an H100's GEMM streams weights at (0.917); an A100 80GB was
+    measured at about 1,700 GB/s (its hardware file), where that share would give 1,870. A decode step there, which
+    reads weights and cache alone, takes the measured bandwidth; on an H100, and under vLLM 0.5's share (fitted with
+    each GPU's own shortfall in it), nothing changes."""
+    qwen, step = arch("qwen3-32b"), decode(1, 32000)
+    v1 = get_engine("vllm-v1")
+    uncapped_v1 = dataclasses.replace(v1, stream_bandwidth_cap=False)
+    assert A100.stream_bandwidth == 1700e9 and H100.stream_bandwidth is None
+    capped, uncapped = (RooflineCostModel(qwen, A100, engine).predict(step) for engine in (v1, uncapped_v1))
+    assert capped / uncapped == pytest.approx(2039 * v1.memory_efficiency / 1700, rel=0.01)
+    assert RooflineCostModel(qwen, H100, v1).predict(step) == RooflineCostModel(qwen, H100, uncapped_v1).predict(step)
+    assert get_engine("sglang").stream_bandwidth_cap and not get_engine("vllm-0.5").stream_bandwidth_cap
+
+
 def test_each_published_run_is_judged_by_its_own_engines_profile():
     assert fixture_engine({"engine": "vllm", "engine_version": "0.5.4"}) == "vllm-0.5"
     assert fixture_engine({"engine": "vllm", "engine_version": "0.11.0"}) == "vllm-v1"
@@ -699,8 +714,9 @@ def test_a_profiles_report_shows_a_runs_median_itl_where_it_publishes_one_and_it
     with_itl = load_measured(GPUSTACK / "gpustack-a100-qwen3-32b-vllm-random-32k.json")
     shown = fit_engine.errors(with_itl, engine)
     assert set(shown) == {"output_throughput_tps", "tpot_s_p50", "ttft_s_p50", "itl_s_p50"}
-    # That page's decode steps: TPOT within 2% and the step a token mostly waits for some 15% short.
-    assert abs(shown["tpot_s_p50"]) < 0.02 and shown["itl_s_p50"] < -0.12
+    # That page's errors that cancel: its TPOT long (its 2,048-token prompt steps are) and the step a token mostly
+    # waits for, a decode step, short.
+    assert shown["tpot_s_p50"] > 0.03 and shown["itl_s_p50"] < -0.05
     doubled = dataclasses.replace(with_itl, metrics=with_itl.metrics | {"itl_s_p50": 2 * with_itl.metrics["itl_s_p50"]})
     assert fit_engine.errors(doubled, engine)["itl_s_p50"] == pytest.approx((1 + shown["itl_s_p50"]) / 2 - 1)
     assert fit_engine.loss([doubled], engine) == fit_engine.loss([with_itl], engine)

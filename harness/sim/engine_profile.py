@@ -61,6 +61,7 @@ class EngineSpec(Strict):
     flash_attention: bool = False
     decode_rows_in_query_tiles: bool = False
     gemm_knee: bool = False
+    stream_bandwidth_cap: bool = False
     # Figures measured elsewhere, which a fit keeps as they are: each with the measurement it was read from.
     held: dict[str, str] = {}
 
@@ -127,6 +128,10 @@ class EngineProfile:
     # Its compute scale on the GPUs whose attention is FlashAttention-2 (`Hardware.attention_query_tile`: Ampere and
     # Ada) where its kernels reach another share of the class's figure than on Hopper; None: `compute_scale`.
     fa2_compute_scale: float | None = None
+    # Whether its kernels stream memory no faster than the GPU was measured to where the hardware file says
+    # (`Hardware.stream_bandwidth`): its `memory_efficiency` was measured on a Hopper GPU, which streams at that share
+    # of its datasheet. False: a share fitted with each GPU's own shortfall in it (`vllm-0.5`).
+    stream_bandwidth_cap: bool = False
     held: tuple[str, ...] = ()  # figures a fit keeps (`EngineSpec.held`: measured elsewhere)
 
     def __post_init__(self):

@@ -45,6 +45,9 @@ class HardwareSpec(Strict):
     # 128 elements: `FORMAT_BYTES`) reaches against one scaled per channel, where measured: tensor cores that take no
     # block scales (Hopper's) leave the kernel to rescale each 128-deep slice of its partial sums on the CUDA cores.
     fp8_block_scaled_share: Annotated[float, Field(gt=0, le=1)] = 1.0
+    # The bandwidth a kernel streaming weights was measured to reach on this GPU, where that falls short of the
+    # datasheet's by more than an engine's share of it allows (`EngineProfile.stream_bandwidth_cap`).
+    stream_bandwidth_gbps: Annotated[float, Field(gt=0)] | None = None
     # Share of peak FLOP/s a serving engine reaches on this GPU class, where measured runs say; else the default.
     compute_efficiency: Annotated[float, Field(gt=0, le=1)] = DEFAULT_COMPUTE_EFFICIENCY
     # FlashAttention's measured forward rate on this GPU (BF16, causal, head dim 128), TFLOP/s by sequence length,
@@ -58,6 +61,9 @@ class HardwareSpec(Strict):
     def _share_of_a_peak_given(self):
         if self.fp8_block_scaled_share != 1.0 and self.fp8_tflops is None:
             raise ValueError("fp8_block_scaled_share is a share of fp8_tflops, which is not given")
+        if self.stream_bandwidth_gbps and self.stream_bandwidth_gbps > self.memory_bandwidth_gbps:
+            raise ValueError(f"stream_bandwidth_gbps ({self.stream_bandwidth_gbps:g}) is above the datasheet's "
+                             f"memory_bandwidth_gbps ({self.memory_bandwidth_gbps:g})")
         return self
 
 
@@ -89,6 +95,7 @@ class Hardware:
     fp4_flops: float | None = None
     flash_attention_rates: tuple[tuple[int, float], ...] = ()  # (causal sequence length, FLOP/s), ascending
     attention_query_tile: int = 0  # FlashAttention-2's query rows per tile on this GPU; 0: none given
+    stream_bandwidth: float | None = None  # bytes/s a weight-streaming kernel was measured at; None: none given
 
     @classmethod
     def from_spec(cls, spec: HardwareSpec) -> "Hardware":
@@ -99,7 +106,8 @@ class Hardware:
                    fp4_flops=spec.fp4_tflops and spec.fp4_tflops * 1e12,
                    flash_attention_rates=tuple(sorted((length, tflops * 1e12) for length, tflops
                                                       in (spec.flash_attention_tflops or {}).items())),
-                   attention_query_tile=spec.flash_attention_query_tile or 0)
+                   attention_query_tile=spec.flash_attention_query_tile or 0,
+                   stream_bandwidth=spec.stream_bandwidth_gbps and spec.stream_bandwidth_gbps * GB)
 
     def attention_share(self, mean_keys):
         """The share of peak FLOP/s attention reaches when each query reads `mean_keys` keys on average (arrays too):

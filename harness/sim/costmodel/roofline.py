@@ -12,6 +12,8 @@ kernels between them (`Architecture.activation_bytes_per_token`), on each GPU's 
          + all-reduces between the GPUs
 
 The GEMM peak is the weights' format's (FP8 or FP4 tensor cores where the GPU has them, see `Hardware.gemm_peak`).
+The bandwidth is the datasheet's at the engine's share, and no more than the GPU was measured to stream where its file
+says so and the engine's share was measured on another GPU (`EngineProfile.stream_bandwidth_cap`).
 Attention reaches FlashAttention's measured share of peak at the step's keys per query where the hardware file has
 it and the engine runs it (`EngineProfile.flash_attention`, `Hardware.attention_share`), else the compute eff.; such
 an engine's kernels skip the pairs a prompt chunk's causal mask hides (`StepShape.masked_pairs`), as the measured
@@ -91,6 +93,7 @@ class RooflineCostModel:
         tiled = engine.decode_rows_in_query_tiles and not arch.latent_attention and not arch.attention_sinks
         self._query_tile = hardware.attention_query_tile if tiled else 0
         self.memory_efficiency = engine.memory_efficiency
+        self._stream_cap = hardware.stream_bandwidth if engine.stream_bandwidth_cap else None
         # What every step's cost is built from and no step changes: the parameters a token multiplies outside and
         # inside its routed experts, the weights every step reads, one expert's bytes, attention per query-key pair.
         self._routed_params = arch.num_moe_layers * arch.experts_per_token * arch.expert_params
@@ -222,6 +225,8 @@ class RooflineCostModel:
         a, n = self.arch, self.tensor_parallel
         compute = self.compute_efficiency * n
         memory = self.hardware.memory_bandwidth * self.memory_efficiency
+        if self._stream_cap:
+            memory = min(memory, self._stream_cap)
         gemm_peak = self._dense_peak * compute
         if self._dense_widened:  # a mixed-precision kernel: a falling share of the BF16 peak as the tokens grow
             gemm_peak = gemm_peak * widened_gemm_share(shape.num_tokens)
