@@ -92,8 +92,11 @@ class RooflineCostModel:
         # attention for them, whose tiles a decode row fills).
         tiled = engine.decode_rows_in_query_tiles and not arch.latent_attention and not arch.attention_sinks
         self._query_tile = hardware.attention_query_tile if tiled else 0
-        self.memory_efficiency = engine.memory_efficiency
-        self._stream_cap = hardware.stream_bandwidth if engine.stream_bandwidth_cap else None
+        # Bytes/s its kernels stream: the engine's share of the datasheet, no more than the GPU was measured to reach
+        # where the engine's share was measured on another GPU.
+        self._bandwidth = hardware.memory_bandwidth * engine.memory_efficiency
+        if engine.stream_bandwidth_cap and hardware.stream_bandwidth:
+            self._bandwidth = min(self._bandwidth, hardware.stream_bandwidth)
         # What every step's cost is built from and no step changes: the parameters a token multiplies outside and
         # inside its routed experts, the weights every step reads, one expert's bytes, attention per query-key pair.
         self._routed_params = arch.num_moe_layers * arch.experts_per_token * arch.expert_params
@@ -224,9 +227,7 @@ class RooflineCostModel:
     def _seconds(self, shape: StepShape):
         a, n = self.arch, self.tensor_parallel
         compute = self.compute_efficiency * n
-        memory = self.hardware.memory_bandwidth * self.memory_efficiency
-        if self._stream_cap:
-            memory = min(memory, self._stream_cap)
+        memory = self._bandwidth
         gemm_peak = self._dense_peak * compute
         if self._dense_widened:  # a mixed-precision kernel: a falling share of the BF16 peak as the tokens grow
             gemm_peak = gemm_peak * widened_gemm_share(shape.num_tokens)
