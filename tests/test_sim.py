@@ -167,7 +167,8 @@ def test_a_roofline_simulation_of_llama_2_7b_on_an_h100(tmp_path):
     held = profile_run_bytes(LLAMA_7B, 8192, 1024)  # its profile run at an H100's caps: 8,192 tokens, 1,024 rows
     assert summary["num_blocks"] == (0.9 * h100.memory_bytes - held - LLAMA_7B.weight_bytes) // (
         16 * LLAMA_7B.kv_bytes_per_token) < RooflineCostModel(LLAMA_7B, h100, bare_engine()).num_kv_blocks(16, 0.9)
-    assert 0.005 < summary["tpot_s_p50"] < 0.05  # a 7B model decodes in milliseconds per token on an H100
+    # A 7B model decodes in milliseconds per token on an H100, no faster than its weights stream at the datasheet rate.
+    assert LLAMA_7B.weight_bytes / h100.memory_bandwidth < summary["tpot_s_p50"] < 0.05
     assert (tmp_path / "plots" / "steps.png").exists()
 
 
