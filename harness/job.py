@@ -80,8 +80,10 @@ def run_job(raw: DictConfig, run_dir: Path) -> dict:
 
 
 def _front_end(cfg: RunConfig) -> dict:
-    """A simulated engine's front end, which its requests pass first; a real run's are the engine's at once."""
-    if cfg.runner.name != "sim":
+    """A simulated engine's front end, which its requests pass first. A real run's requests are the engine's at once,
+    and so are those of a simulation from steps measured here (`runner.profile`: this harness's own engine, in
+    process, whose real runs it predicts); an engine profile's front end is a serving engine's API server."""
+    if cfg.runner.name != "sim" or cfg.runner.profile:
         return {}
     engine = configured_engine(cfg.runner)
     model_type = config_value(read_model_config(cfg.model), "model_type", "")

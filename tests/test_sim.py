@@ -227,6 +227,9 @@ def test_profile_then_simulate(tmp_path):
     assert {"ragged", "padded"} == set(model.layouts)
     summary = run_job(sim_config(f"runner.profile={profile}", "workload.num_requests=8"), tmp_path / "run")
     assert summary["num_finished"] == 8 and summary["cost_model"] == "CalibratedCostModel"
+    # It predicts this harness's own engine, in process: no API server's front end between a request and its engine.
+    requests = pd.read_csv(tmp_path / "run" / "requests.csv")
+    assert requests.first_scheduled_s.min() == requests.sent_s.min() == 0.0
 
 
 @pytest.mark.parametrize("strategy,options,scheduler,eviction", [
