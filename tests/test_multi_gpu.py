@@ -125,7 +125,7 @@ def test_calibrate_fits_measured_runs_and_reports_the_held_out(tmp_path):
     result = subprocess.run([sys.executable, "-m", "harness.sim.calibrate",
                              str(published / "kvcached-h100-qwen3-0.6b-rate-16.json"), "--hold-out",
                              str(published / "lambda-h100-mistral-7b-10.json"), "--out", str(out),
-                             "--evaluations", "30"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+                             "--evaluations", "10"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     written = yaml.safe_load(out.read_text())
     assert set(written["params"]) == {"compute_efficiency", "memory_efficiency", "step_overhead_s",
