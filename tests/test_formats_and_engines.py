@@ -269,6 +269,35 @@ def test_a_causal_kernel_skips_the_pairs_a_prompt_chunks_own_mask_hides():
     assert H100.attention_share(1024.5) == pytest.approx(521 / 989, rel=1e-3)
 
 
+@pytest.mark.parametrize("model,quantization,gpu,engine,tensor_parallel,expert_parallel", [
+    ("qwen3-14b", "bf16", H100, "vllm-v1", 1, False),  # FlashAttention-3's measured rates, the GEMMs' knee
+    ("qwen3-14b", "fp8", A100, "vllm-v1", 1, False),  # FlashAttention-2's query tile, weights widened in the kernel
+    ("llama-2-7b", "bf16", H100, "vllm-0.5", 1, False),  # the sharp roofline's max
+    ("gpt-oss-120b", "bf16", H100, "sglang", 2, True),  # sliding layers, sinks, experts spread over the GPUs
+    ("deepseek-v3", "fp8", H200, "vllm-v1", 8, False)])  # a latent cache, shared experts
+def test_a_step_costs_the_same_predicted_alone_as_in_a_stretch(model, quantization, gpu, engine, tensor_parallel,
+                                                              expert_parallel):
+    # A replay predicts most steps one at a time on Python numbers and a decode stretch as arrays: the same costs.
+    costs = RooflineCostModel(arch(model, quantization=quantization), gpu, get_engine(engine),
+                              tensor_parallel=tensor_parallel, expert_parallel=expert_parallel)
+    rng = np.random.default_rng(0)
+    num_decode, context = rng.integers(0, 300, 200), rng.integers(1, 20000, 200)  # [N]
+    prompt = rng.integers(0, 2, 200) * rng.integers(1, 4000, 200)  # [N] half the steps with a prompt chunk
+    num_decode[prompt == 0] += 1  # a step computes something
+    decode_keys = num_decode * context
+    tokens, rows = num_decode + prompt, num_decode + (prompt > 0)
+    shapes = StepShape(False, tokens, rows, decode_keys + prompt * prompt, decode_keys + prompt, rows, decode_keys,
+                       prompt * (prompt - 1) // 2)
+    together = costs.predict_many(shapes)  # [N]
+    overheads = costs.overhead(shapes, together)  # [N]
+    for i, seconds in enumerate(together):
+        one = StepShape(*(int(getattr(shapes, f.name)[i]) if f.name != "padded" else False
+                          for f in dataclasses.fields(StepShape)))
+        alone = costs.predict(one)
+        assert type(alone) is float and alone == pytest.approx(seconds, rel=1e-12)
+        assert costs.overhead(one, alone) == pytest.approx(overheads[i], rel=1e-12, abs=1e-15)
+
+
 def test_a_decode_row_in_a_v1_step_on_an_a100_costs_flash_attention_2s_whole_query_tile():
     # Qwen3-14B (40 query heads over 8 KV heads): a 2,048-token prompt chunk beside 100 rows decoding over 3,000 keys,
     # and those rows alone. FlashAttention-2 over a paged cache computes 64 query rows a tile (A100, Ada).

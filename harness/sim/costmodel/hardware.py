@@ -15,6 +15,7 @@ import numpy as np
 from pydantic import Field, ValidationError, model_validator
 
 from harness.catalogue import catalogue_entry, catalogue_names
+from harness.sim.costmodel.elementwise import Curve, log2, maximum
 from workloads.config import Strict, one_line
 
 CATALOGUE_DIR = Path(__file__).resolve().parents[3] / "conf" / "hardware"
@@ -75,10 +76,13 @@ class HardwareSpec(Strict):
 WIDENED_GEMM_SHARES = ((128, 1.0), (256, 0.74), (512, 0.73), (1024, 0.66), (2048, 0.60))
 
 
+_WIDENED_GEMM_CURVE = Curve(np.log2([tokens for tokens, _ in WIDENED_GEMM_SHARES]),
+                            [share for _, share in WIDENED_GEMM_SHARES])
+
+
 def widened_gemm_share(num_tokens):
     """`WIDENED_GEMM_SHARES` at a step's `num_tokens` (arrays too), interpolated in log tokens, held beyond its ends."""
-    tokens, shares = zip(*WIDENED_GEMM_SHARES)
-    return np.interp(np.log2(np.maximum(num_tokens, 1)), np.log2(tokens), shares)
+    return _WIDENED_GEMM_CURVE(log2(maximum(num_tokens, 1)))
 
 
 @dataclass(frozen=True)
@@ -115,14 +119,13 @@ class Hardware:
         length and held beyond the measured ones. None where the hardware file gives no rates."""
         if not self.flash_attention_rates:
             return None
-        log_lengths, shares = self._attention_curve
-        return np.interp(np.log2(np.maximum(2 * mean_keys, 1)), log_lengths, shares)
+        return self._attention_curve(log2(maximum(2 * mean_keys, 1)))
 
     @cached_property
-    def _attention_curve(self) -> tuple[np.ndarray, np.ndarray]:
-        """`flash_attention_rates` as log2 lengths and shares of peak, built once: a replay asks for it every step."""
+    def _attention_curve(self) -> Curve:
+        """Shares of peak by log2 length, built once: a replay asks for it every step."""
         lengths, rates = zip(*self.flash_attention_rates)
-        return np.log2(lengths), np.array(rates) / self.peak_flops
+        return Curve(np.log2(lengths), np.array(rates) / self.peak_flops)
 
     def gemm_peak(self, weight_bytes: float) -> float:
         """The tensor-core peak a GEMM over weights of `weight_bytes` per parameter reaches: its format's, or the

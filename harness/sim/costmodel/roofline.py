@@ -44,6 +44,7 @@ import math
 import numpy as np
 
 from harness.architecture import Architecture
+from harness.sim.costmodel.elementwise import maximum, minimum, sqrt, where
 from harness.sim.costmodel.hardware import Hardware, widened_gemm_share
 from harness.sim.costmodel.shape import StepShape
 from harness.sim.costmodel.startup_memory import default_memory_fraction, profile_run_bytes
@@ -98,7 +99,8 @@ class RooflineCostModel:
         if engine.stream_bandwidth_cap and hardware.stream_bandwidth:
             self._bandwidth = min(self._bandwidth, hardware.stream_bandwidth)
         # What every step's cost is built from and no step changes: the parameters a token multiplies outside and
-        # inside its routed experts, the weights every step reads, one expert's bytes, attention per query-key pair.
+        # inside its routed experts, the weights every step reads, one expert's bytes, attention per query-key pair, a
+        # token's cache and how many ways the GPUs split it.
         self._routed_params = arch.num_moe_layers * arch.experts_per_token * arch.expert_params
         self._dense_params = arch.active_layer_params - self._routed_params
         self._dense_bytes = arch.dense_weight_bytes_read()
@@ -107,6 +109,7 @@ class RooflineCostModel:
         self._expert_bytes = arch.num_moe_layers * arch.expert_params * arch.expert_format_bytes
         self._prefill_pair_flops = arch.attention_flops_per_pair(decode=False)
         self._decode_pair_flops = arch.attention_flops_per_pair(decode=True)
+        self._kv_bytes_per_token, self._kv_shards = arch.kv_bytes_per_token, arch.kv_shards(n)
         self._activation_bytes = 0.0
         if engine.activation_traffic:
             self._activation_bytes = arch.activation_bytes_per_token(n) + self._input_quantization_bytes(n)
@@ -135,7 +138,7 @@ class RooflineCostModel:
         """What the host adds to a step of `busy` seconds on the GPU: all its work, or with async scheduling (the
         next step scheduled while the GPU runs this one) only what the GPU's step does not cover."""
         host = self.host_seconds(shape)
-        return np.maximum(host - busy, 0.0) if self.engine.async_scheduling else host
+        return maximum(host - busy, 0.0) if self.engine.async_scheduling else host
 
     def gemm_flops(self, shape: StepShape):
         """Dense GEMMs (attention projections, dense and shared-expert MLPs, routers, the LM head) and the routed
@@ -160,25 +163,24 @@ class RooflineCostModel:
             # decode rows alone the kernel puts a KV head's group of query heads in those rows
             # (`seqlenq_ngroups_swapped` in its mha_varlen_fwd), which fill them that much more.
             group = a.num_heads // a.num_kv_heads
-            decode_rows = decode_rows * np.where(prefill_pairs > 0, self._query_tile,
-                                                 max(self._query_tile / group, 1.0))
+            decode_rows = decode_rows * where(prefill_pairs > 0, self._query_tile, max(self._query_tile / group, 1.0))
         per_layer = self._prefill_pair_flops * prefill_pairs + decode_rows
         full = a.num_full_layers * per_layer
         if not a.num_sliding_layers:
             return full
         # A sliding layer's query attends to at most `sliding_window` keys.
-        windowed = np.minimum(1.0, shape.num_tokens * a.sliding_window / np.maximum(pairs, 1))
+        windowed = minimum(1.0, shape.num_tokens * a.sliding_window / maximum(pairs, 1))
         return full + a.num_sliding_layers * per_layer * windowed
 
     def kv_bytes(self, shape: StepShape):
         """KV bytes the step moves, all GPUs together: every cached key and value each query's sequence attends to
         (a sliding layer's last `sliding_window`), and the step's new ones."""
         a = self.arch
-        read = a.kv_bytes_per_token * (shape.kv_tokens_read + shape.num_tokens)
+        read = self._kv_bytes_per_token * (shape.kv_tokens_read + shape.num_tokens)
         if not a.num_sliding_layers:
             return read
         sliding = a.num_sliding_layers * a.kv_width * a.kv_element_bytes
-        return read + sliding * (np.minimum(shape.kv_tokens_read, shape.num_rows * a.sliding_window) + shape.num_tokens)
+        return read + sliding * (minimum(shape.kv_tokens_read, shape.num_rows * a.sliding_window) + shape.num_tokens)
 
     def expert_bytes_per_gpu(self, num_tokens):
         """The routed experts' bytes the busiest GPU reads: 1/N of every touched expert, or its own whole ones."""
@@ -193,7 +195,7 @@ class RooflineCostModel:
             return touched
         chance = touched / a.num_experts
         local = a.num_experts / n
-        return local * chance + np.sqrt(local * chance * (1 - chance)) * math.sqrt(2 * math.log(n))
+        return local * chance + sqrt(local * chance * (1 - chance)) * math.sqrt(2 * math.log(n))
 
     def _expert_bytes_of(self, experts_per_gpu):
         return experts_per_gpu * self._expert_bytes / (1 if self.expert_parallel else self.tensor_parallel)
@@ -212,7 +214,7 @@ class RooflineCostModel:
         """A dense GEMM's time from its two bounds: their smooth norm where the engine's kernels were fitted so
         (`EngineProfile.gemm_knee`), else the sharp roofline's max."""
         if not self.engine.gemm_knee:
-            return np.maximum(compute, memory)
+            return maximum(compute, memory)
         return (compute**GEMM_KNEE_POWER + memory**GEMM_KNEE_POWER) ** (1 / GEMM_KNEE_POWER)
 
     def predict(self, shape: StepShape) -> float:
@@ -238,18 +240,18 @@ class RooflineCostModel:
             # kernels' own shortfall, widened weights (gpt-oss's MXFP4 experts on a Hopper) included.
             expert_peak = self.hardware.gemm_peak(a.expert_format_bytes) * compute
             touched = a.experts_touched(shape.num_tokens)  # per MoE layer, all GPUs together
-            per_expert = shape.num_tokens * a.experts_per_token / np.maximum(touched, 1e-9)
+            per_expert = shape.num_tokens * a.experts_per_token / maximum(touched, 1e-9)
             busiest = self._busiest(touched)
-            seconds = seconds + np.maximum(expert_flops / (expert_peak * self.engine.moe_share(per_expert)),
-                                           self._expert_bytes_of(busiest) / memory)
+            seconds = seconds + maximum(expert_flops / (expert_peak * self.engine.moe_share(per_expert)),
+                                        self._expert_bytes_of(busiest) / memory)
             seconds = seconds + a.num_moe_layers * busiest * self.engine.expert_overhead_s
-        kv_per_gpu = self.kv_bytes(shape) / a.kv_shards(n)
+        kv_per_gpu = self.kv_bytes(shape) / self._kv_shards
         pairs = self.attention_pairs(shape)
         attention_compute = compute
         if self._flash_attention:
             attention_compute = self.hardware.attention_share(pairs / shape.num_tokens) * n
-        attention = np.maximum(self._attention_flops(shape, pairs) / (self.hardware.peak_flops * attention_compute),
-                               kv_per_gpu / memory)
+        attention = maximum(self._attention_flops(shape, pairs) / (self.hardware.peak_flops * attention_compute),
+                            kv_per_gpu / memory)
         between_gemms = self._activation_bytes * shape.num_tokens / memory
         return seconds + attention + between_gemms + self.allreduce_s(shape)
 
