@@ -1,5 +1,6 @@
 """The simulator: cost models, the same schedule as the real runner, clusters, and whole simulated runs."""
 
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -215,6 +216,22 @@ def test_a_described_model_runs_for_real_on_seeded_random_weights(tmp_path):
         assert summary["num_finished"] == 3 and summary["weights"].startswith("random")
         tokens.append((tmp_path / run / "tokens.jsonl").read_text())
     assert tokens[0] == tokens[1]
+
+
+def test_the_speed_benchmark_times_every_schedule_and_a_steps_prediction_alone_and_in_a_stretch(monkeypatch, capsys):
+    from harness.sim import bench
+
+    monkeypatch.setattr(sys, "argv", ["bench", "--requests", "10", "--e2e-requests", "0", "--trace-rows", "0",
+                                      "--predicted-steps", "300"])
+    bench.main()
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in lines if line.split()[0] in bench.SCHEDULES]
+    assert [(row[0], row[1], int(row[2])) for row in rows] == [
+        (schedule, load, replicas) for schedule in bench.SCHEDULES for load in bench.LOADS for replicas in (1, 8)]
+    assert all(float(row[3]) > 0 and int(row[4]) > 0 for row in rows)
+    [prediction] = [line for line in lines if line.startswith("one step's cost predicted (300 steps)")]
+    alone, in_stretch = (float(value) for value in re.findall(r"([0-9.]+) µs", prediction))
+    assert alone > in_stretch > 0
 
 
 def test_profile_then_simulate(tmp_path):

@@ -2,11 +2,13 @@
 
 Not a test: it prints simulated requests per second of wall time (the replay alone, each strategy, continuous
 batching as vLLM and as SGLang schedule it, at low and high load, on 1 and 8 replicas: ShareGPT-profile requests,
-Llama-2-7B on H100s by the roofline, 256 concurrent requests a replica), then the wall time of a whole
-`python -m harness runner=sim ...` run of M requests, workload, tables, plots and report included.
+Llama-2-7B on H100s by the roofline, 256 concurrent requests a replica), the roofline's time to predict one step
+alone and in a stretch, then the wall time of a whole `python -m harness runner=sim ...` run of M requests,
+workload, tables, plots and report included.
 """
 
 import argparse
+import dataclasses
 import subprocess
 import sys
 import tempfile
@@ -19,9 +21,11 @@ import pandas as pd
 from harness.config import compose_config, validate
 from harness.core.replay import replay
 from harness.machine_load import MachineLoad, machine_line
+from harness.sim.costmodel import StepShape
 from harness.sim.replica import simulated_replicas
 from workloads.traces import load_azure
 
+STEP_FIELDS = [field.name for field in dataclasses.fields(StepShape)]
 SETUP = ["runner=sim", "runner.hardware=h100", "model=llama-2-7b", "concurrency=256", "progress=false"]
 LOADS = {"low": 5.0, "high": 40.0}  # requests/s a replica: well under, and well over, what one H100 serves
 # What each row runs: a strategy, and for continuous batching the schedule of the engine profile that it runs with.
@@ -42,6 +46,31 @@ def replay_rate(schedule: str, rate: float, replicas: int, requests: int) -> tup
     replay(engines, workload.requests, route)
     wall = time.perf_counter() - start
     return requests / wall, sum(len(e.records.steps) for e in engines)
+
+
+def prediction_time(num_steps: int) -> tuple[float, float]:
+    """Seconds per step the roofline takes to predict `num_steps` steps one at a time (as a replay predicts most) and
+    as one stretch of arrays (as it predicts a decode stretch): 1-256 decoders over 100-4,000 keys each, half of the
+    steps with a prompt chunk of up to 2,048 tokens beside them."""
+    engines, *_ = simulated_replicas(validate(compose_config([*SETUP, "strategy=continuous",
+                                                              "workload.num_requests=1"])))
+    costs = engines[0].runner.cost_model
+    rng = np.random.default_rng(0)
+    steps = []
+    for decoders, context, prompt in zip(rng.integers(1, 257, num_steps).tolist(),
+                                         rng.integers(100, 4001, num_steps).tolist(),
+                                         (rng.integers(0, 2, num_steps) * rng.integers(1, 2049, num_steps)).tolist()):
+        keys = decoders * context
+        steps.append(StepShape(False, decoders + prompt, decoders + (prompt > 0), keys + prompt * prompt,
+                               keys + prompt, decoders + (prompt > 0), keys, prompt * (prompt - 1) // 2))
+    stretch = StepShape(*(np.array([getattr(step, name) for step in steps]) for name in STEP_FIELDS))
+    start = time.perf_counter()
+    for step in steps:
+        costs.predict(step)
+    alone = (time.perf_counter() - start) / num_steps
+    start = time.perf_counter()
+    costs.predict_many(stretch)
+    return alone, (time.perf_counter() - start) / num_steps
 
 
 def end_to_end(requests: int) -> float:
@@ -73,6 +102,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20_000, help="requests a replica, per measurement")
     parser.add_argument("--e2e-requests", type=int, default=1_000_000, help="0 to skip the whole run")
     parser.add_argument("--trace-rows", type=int, default=1_000_000, help="0 to skip the trace load")
+    parser.add_argument("--predicted-steps", type=int, default=100_000, help="0 to skip timing the prediction")
     args = parser.parse_args()
     print(f"simulated requests per second of wall time ({args.requests} ShareGPT-profile requests a replica)")
     print(f"{'strategy':10s} {'load':5s} {'replicas':>8s} {'req/s':>9s} {'steps':>9s}")
@@ -82,6 +112,10 @@ def main() -> None:
                 for replicas in (1, 8):
                     speed, steps = replay_rate(schedule, rate * replicas, replicas, args.requests * replicas)
                     print(f"{schedule:10s} {load:5s} {replicas:8d} {speed:9.0f} {steps:9d}", flush=True)
+        if args.predicted_steps:
+            alone, in_stretch = prediction_time(args.predicted_steps)
+            print(f"one step's cost predicted ({args.predicted_steps} steps): {alone * 1e6:.2f} µs alone, "
+                  f"{in_stretch * 1e6:.3f} µs in a stretch of them ({alone / in_stretch:.0f} times less)")
         if args.trace_rows:
             print(f"Azure-format trace of {args.trace_rows} rows loaded in {trace_load(args.trace_rows):.1f} s")
         if args.e2e_requests:
