@@ -219,9 +219,11 @@ class SimEngine(Engine):
         """Whether steps may run in bulk from here: decoders, nothing due at the next step (an arrival, another
         replica's step, an admission), and room for a few steps before the next such event (arrays pay only over
         a stretch: one step at a time is cheaper for one or two)."""
-        if not self.decoders or arrivals is None or self._may_admit():
+        if not self.decoders or arrivals is None:
             return False
-        return min(arrivals.next_s, arrivals.horizon_s) - self.clock > MIN_RUN_STEPS * self._last_step_s
+        # Room first: it costs a subtraction, and at a high load the next arrival is often too near.
+        return (min(arrivals.next_s, arrivals.horizon_s) - self.clock > MIN_RUN_STEPS * self._last_step_s
+                and not self._may_admit())
 
     def _run_steps(self, step: int, arrivals: Arrivals, shape: StepShape, *, num_decode: int, num_padding: int,
                    row_width: int, kv_used_blocks, kv_cached_blocks) -> int:
