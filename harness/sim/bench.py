@@ -25,7 +25,6 @@ from harness.sim.costmodel import StepShape
 from harness.sim.replica import simulated_replicas
 from workloads.traces import load_azure
 
-STEP_FIELDS = [field.name for field in dataclasses.fields(StepShape)]
 SETUP = ["runner=sim", "runner.hardware=h100", "model=llama-2-7b", "concurrency=256", "progress=false"]
 LOADS = {"low": 5.0, "high": 40.0}  # requests/s a replica: well under, and well over, what one H100 serves
 # What each row runs: a strategy, and for continuous batching the schedule of the engine profile that it runs with.
@@ -63,7 +62,8 @@ def prediction_time(num_steps: int) -> tuple[float, float]:
         keys = decoders * context
         steps.append(StepShape(False, decoders + prompt, decoders + (prompt > 0), keys + prompt * prompt,
                                keys + prompt, decoders + (prompt > 0), keys, prompt * (prompt - 1) // 2))
-    stretch = StepShape(*(np.array([getattr(step, name) for step in steps]) for name in STEP_FIELDS))
+    names = [field.name for field in dataclasses.fields(StepShape)]
+    stretch = StepShape(*(np.array([getattr(step, name) for step in steps]) for name in names))
     start = time.perf_counter()
     for step in steps:
         costs.predict(step)
