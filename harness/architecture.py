@@ -5,11 +5,16 @@ It covers the attention and expert layouts of 2026's open models:
 - attention: multi-head or grouped-query (`num_key_value_heads`), multi-head latent attention (DeepSeek-V3/R1:
   `kv_lora_rank`, its cache one latent of `kv_lora_rank + qk_rope_head_dim` per token and layer instead of K and V
   per head), sliding-window layers mixed with full ones (gpt-oss: `layer_types`, `sliding_window`), and attention
-  sinks (a learned logit per head: one parameter per head, no bytes or FLOPs worth counting);
+  sinks (a learned logit per head: one parameter per head, no bytes or FLOPs worth counting), a gate on the
+  attention's output (Qwen3-Next, Qwen3.5: `attn_output_gate`, the query projection twice as wide), and linear-attention
+  layers mixed with full ones (Gated DeltaNet in Qwen3-Next and Qwen3.5: `layer_types` of `linear_attention`, or every
+  layer but each `full_attention_interval`-th), which keep a fixed-size state per sequence instead of a cache that
+  grows with it;
 - the MLP: dense, or a mixture of experts — `num_experts` (Mixtral's `num_local_experts`, DeepSeek's
   `n_routed_experts`) of `moe_intermediate_size` (Mixtral and gpt-oss: `intermediate_size`), `experts_per_token`
-  chosen per token, `num_shared_experts` every token uses (DeepSeek), and `num_dense_layers` leading layers with a
-  dense MLP (`first_k_dense_replace`);
+  chosen per token, shared experts every token uses (DeepSeek's `n_shared_experts` of the routed width, Qwen's one
+  of `shared_expert_intermediate_size`), and `num_dense_layers` leading layers with a dense MLP
+  (`first_k_dense_replace`);
 - the number formats: the layers' linear weights in bf16, fp8 or fp4 (`model.quantization`; embeddings and the LM
   head stay in the compute dtype, as FP8 and FP4 checkpoints keep them), the KV cache in its own (`kv_cache.dtype`).
 """
@@ -60,6 +65,17 @@ class Architecture:
     sliding_window: int = 0
     num_sliding_layers: int = 0
     attention_sinks: bool = False
+    attention_output_gate: bool = False  # a sigmoid gate on the attention's output, computed by the query projection
+    shared_expert_intermediate_size: int = 0  # Qwen's one shared expert's width; 0: shared experts are routed-wide
+    # Gated DeltaNet layers (0: none): heads and head sizes of their keys (and queries) and values, the causal
+    # convolution's width, and the bytes of an element of their recurrent state (its own dtype, fp32 in Qwen3.5).
+    num_linear_layers: int = 0
+    linear_key_heads: int = 0
+    linear_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel: int = 0
+    linear_state_bytes_per_element: float | None = None
 
     @classmethod
     def from_config(cls, config, bytes_per_param: float, quantization: str | None = None,
@@ -73,8 +89,11 @@ class Architecture:
         layer_types = config_value(config, "layer_types", []) or []
         sliding = sum(kind == "sliding_attention" for kind in layer_types)
         window = config_value(config, "sliding_window", 0) or 0
+        num_layers = config_value(config, "num_hidden_layers")
+        linear = _num_linear_layers(config, layer_types, num_layers)
+        shared_width = config_value(config, "shared_expert_intermediate_size", 0) if experts else 0
         return cls(
-            num_layers=config_value(config, "num_hidden_layers"), hidden_size=hidden,
+            num_layers=num_layers, hidden_size=hidden,
             intermediate_size=config_value(config, "intermediate_size"), num_heads=num_heads,
             num_kv_heads=config_value(config, "num_key_value_heads", num_heads),
             # Most configs name head_dim only when it differs from hidden_size / heads.
@@ -89,7 +108,8 @@ class Architecture:
             # Mixtral's and gpt-oss's experts are `intermediate_size` wide; Qwen's and DeepSeek's have their own.
             expert_intermediate_size=config_value(config, "moe_intermediate_size", config_value(
                 config, "intermediate_size")) if experts else 0,
-            num_shared_experts=config_value(config, "n_shared_experts", 0) if experts else 0,
+            num_shared_experts=(1 if shared_width else config_value(config, "n_shared_experts", 0)) if experts else 0,
+            shared_expert_intermediate_size=shared_width,
             num_dense_layers=config_value(config, "first_k_dense_replace", 0) if experts else 0,
             kv_lora_rank=config_value(config, "kv_lora_rank", 0), q_lora_rank=config_value(config, "q_lora_rank", 0),
             qk_rope_head_dim=config_value(config, "qk_rope_head_dim", 0),
@@ -99,6 +119,19 @@ class Architecture:
             # only in its first release, and says so by giving no layer types.
             sliding_window=window if sliding else 0, num_sliding_layers=sliding if window else 0,
             attention_sinks=config_value(config, "model_type", "") == "gpt_oss",
+            # Qwen3-Next gates every attention layer's output without saying so in its config; Qwen3.5 says so.
+            attention_output_gate=bool(config_value(config, "attn_output_gate",
+                                                    config_value(config, "model_type", "") == "qwen3_next")),
+            num_linear_layers=linear,
+            **({"linear_key_heads": config_value(config, "linear_num_key_heads"),
+                "linear_value_heads": config_value(config, "linear_num_value_heads"),
+                "linear_key_head_dim": config_value(config, "linear_key_head_dim"),
+                "linear_value_head_dim": config_value(config, "linear_value_head_dim"),
+                "linear_conv_kernel": config_value(config, "linear_conv_kernel_dim"),
+                "linear_state_bytes_per_element": _format_bytes(
+                    {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(
+                        config_value(config, "mamba_ssm_dtype"), config_value(config, "mamba_ssm_dtype")))}
+               if linear else {}),
         )
 
     @property
@@ -128,7 +161,42 @@ class Architecture:
             return q + kv + heads * self.v_head_dim * h
         q_out, kv_out = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         sinks = self.num_heads if self.attention_sinks else 0
-        return self.hidden_size * (q_out + 2 * kv_out) + q_out * self.hidden_size + sinks
+        gate = q_out if self.attention_output_gate else 0
+        return self.hidden_size * (q_out + gate + 2 * kv_out) + q_out * self.hidden_size + sinks
+
+    @property
+    def linear_key_width(self) -> int:
+        return self.linear_key_heads * self.linear_key_head_dim
+
+    @property
+    def linear_value_width(self) -> int:
+        return self.linear_value_heads * self.linear_value_head_dim
+
+    @property
+    def linear_conv_width(self) -> int:
+        """Channels of a Gated DeltaNet layer's causal convolution: its queries, keys and values."""
+        return 2 * self.linear_key_width + self.linear_value_width
+
+    @property
+    def linear_attention_params(self) -> int:
+        """A Gated DeltaNet layer's weights: the input projection to queries, keys, values and the output gate and
+        to each value head's decay and write strength, the convolution, the output projection, and per head its
+        decay's scale and bias (the gated norm's weight, one head wide, aside)."""
+        h, heads = self.hidden_size, self.linear_value_heads
+        inputs = h * (self.linear_conv_width + self.linear_value_width + 2 * heads)
+        return inputs + self.linear_conv_width * self.linear_conv_kernel + self.linear_value_width * h + 2 * heads
+
+    @property
+    def linear_state_bytes(self) -> float:
+        """One sequence's state in every Gated DeltaNet layer: a key-by-value matrix per value head (in the state's
+        dtype) and the convolution's last inputs (in the compute dtype). It is the same size however long the
+        sequence."""
+        if not self.num_linear_layers:
+            return 0.0
+        state_bytes = self.linear_state_bytes_per_element or self.bytes_per_param
+        recurrent = self.linear_value_heads * self.linear_key_head_dim * self.linear_value_head_dim * state_bytes
+        conv = self.linear_conv_width * (self.linear_conv_kernel - 1) * self.bytes_per_param
+        return self.num_linear_layers * (recurrent + conv)
 
     @property
     def mlp_params(self) -> int:
@@ -141,6 +209,11 @@ class Architecture:
         return 3 * self.hidden_size * self.expert_intermediate_size
 
     @property
+    def shared_intermediate_size(self) -> int:
+        """The width of the MLP every token of a mixture's layer passes through beside its routed experts."""
+        return self.shared_expert_intermediate_size or self.num_shared_experts * self.expert_intermediate_size
+
+    @property
     def router_params(self) -> int:
         return self.hidden_size * self.num_experts
 
@@ -151,7 +224,7 @@ class Architecture:
     @property
     def num_full_layers(self) -> int:
         """Layers attending to the whole context."""
-        return self.num_layers - self.num_sliding_layers
+        return self.num_layers - self.num_sliding_layers - self.num_linear_layers
 
     def experts_touched(self, num_tokens):
         """Distinct routed experts a layer reads for `num_tokens` tokens, each routed to `experts_per_token` of
@@ -163,9 +236,11 @@ class Architecture:
     def _layers_params(self, experts_per_moe_layer: int) -> int:
         """The layers' weights with this many routed experts counted in each MoE layer."""
         dense = self.num_layers - self.num_moe_layers
-        moe = self.attention_params + self.expert_params * (experts_per_moe_layer + self.num_shared_experts) + \
+        moe = self.expert_params * experts_per_moe_layer + 3 * self.hidden_size * self.shared_intermediate_size + \
             self.router_params
-        return dense * (self.attention_params + self.mlp_params) + self.num_moe_layers * moe
+        mixers = (self.num_layers - self.num_linear_layers) * self.attention_params + \
+            self.num_linear_layers * self.linear_attention_params
+        return mixers + dense * self.mlp_params + self.num_moe_layers * moe
 
     @property
     def layer_params(self) -> int:
@@ -236,8 +311,10 @@ class Architecture:
         residual adds fused with an RMSNorm (each reads the hidden state and the residual and writes both: 8 x
         hidden), rotary embedding on the queries and keys (read and written), the attention's output (written), and
         the gated activation (reads gate and up, writes their product: 3 x the MLP width a token passes through, its
-        routed and shared experts' in a mixture). The hidden state is whole on every GPU under tensor parallelism;
-        the heads and the MLP width are split. A GEMM's own activations stay out: a compute-bound GEMM hides them."""
+        routed and shared experts' in a mixture). A Gated DeltaNet layer has no rotary embedding: its convolution
+        reads and writes its queries, keys and values, and its gated norm reads the output and the gate and writes
+        their product. The hidden state is whole on every GPU under tensor parallelism; the heads and the MLP width
+        are split. A GEMM's own activations stay out: a compute-bound GEMM hides them."""
         if self.latent_attention:
             q = self.num_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
             k = self.qk_rope_head_dim  # rotary runs on the latent's rope part
@@ -246,9 +323,11 @@ class Architecture:
             q, k = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
             out = q
         dense = self.num_layers - self.num_moe_layers
-        moe_width = (self.experts_per_token + self.num_shared_experts) * self.expert_intermediate_size
+        moe_width = self.experts_per_token * self.expert_intermediate_size + self.shared_intermediate_size
         mlp = dense * self.intermediate_size + self.num_moe_layers * moe_width
-        split = self.num_layers * (2 * (q + k) + out) + 3 * mlp
+        mixers = (self.num_layers - self.num_linear_layers) * (2 * (q + k) + out) + \
+            self.num_linear_layers * (2 * self.linear_conv_width + 3 * self.linear_value_width)
+        split = mixers + 3 * mlp
         return self.bytes_per_param * (self.num_layers * 8 * self.hidden_size + split / tensor_parallel)
 
     def quantized_inputs_per_token(self, tensor_parallel: int = 1) -> tuple[float, float]:
@@ -259,7 +338,8 @@ class Architecture:
         down projections' inputs are split by tensor parallelism. MLA quantizes the hidden state once for its fused
         query and KV latent projections (twice where it has no query latent), then both latents; a mixture quantizes a
         token's hidden state once for its routed experts, each expert's down projection input, and its shared
-        experts' inputs apart."""
+        experts' inputs apart. A Gated DeltaNet layer quantizes the hidden state for its input projection and its
+        gated output for the output projection."""
         n = tensor_parallel
         if self.latent_attention:
             attention = 2 * self.hidden_size if not self.q_lora_rank else self.hidden_size + self.q_lora_rank
@@ -267,10 +347,10 @@ class Architecture:
         else:
             attention = self.hidden_size + self.num_heads * self.head_dim / n
         dense_layers = self.num_layers - self.num_moe_layers
-        shared = self.hidden_size + self.num_shared_experts * self.expert_intermediate_size / n \
-            if self.num_shared_experts else 0.0
-        outside = self.num_layers * attention + dense_layers * (self.hidden_size + self.intermediate_size / n) + \
-            self.num_moe_layers * shared
+        shared = self.hidden_size + self.shared_intermediate_size / n if self.shared_intermediate_size else 0.0
+        mixers = (self.num_layers - self.num_linear_layers) * attention + \
+            self.num_linear_layers * (self.hidden_size + self.linear_value_width / n)
+        outside = mixers + dense_layers * (self.hidden_size + self.intermediate_size / n) + self.num_moe_layers * shared
         routed = self.num_moe_layers * (self.hidden_size + self.experts_per_token * self.expert_intermediate_size / n)
         return outside, routed
 
@@ -288,6 +368,17 @@ class Architecture:
         if decode:
             return 2 * self.num_heads * (2 * self.kv_lora_rank + self.qk_rope_head_dim)
         return 2 * self.num_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim)
+
+
+def _num_linear_layers(config, layer_types: list, num_layers: int) -> int:
+    """Gated DeltaNet layers: those `layer_types` names so, or where a config gives only `full_attention_interval`
+    (Qwen3-Next's), every layer but each interval's last."""
+    if layer_types:
+        return sum(kind == "linear_attention" for kind in layer_types)
+    interval = config_value(config, "full_attention_interval", 0)
+    if interval and config_value(config, "linear_num_value_heads"):
+        return num_layers - num_layers // interval
+    return 0
 
 
 def _weight_formats(config, quantization: str | None) -> dict:

@@ -341,6 +341,11 @@ def validate(cfg: DictConfig) -> RunConfig:
         model = read_model_config(config.model)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model.name={config.model.name!r}: {e}") from None
+    if config.runner.name == "real" and (model.get("layer_types") and "linear_attention" in model["layer_types"]
+                                        or model.get("full_attention_interval")):
+        raise ConfigError(f"model {config.model.name!r} has linear-attention layers (Gated DeltaNet), which "
+                          "runner=real cannot run (its paged cache holds full attention alone): use runner=sim, or "
+                          "a peer that serves the model")
     context = model.get("max_position_embeddings")
     if context and config.kv_cache.block_size > context:
         raise ConfigError(f"kv_cache.block_size={config.kv_cache.block_size} is larger than the model's whole "

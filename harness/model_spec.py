@@ -38,7 +38,18 @@ def read_model_config(model_cfg) -> dict:
         raise OSError(f"no folder {name!r}")
     else:
         path = Path(_hub_file(name, "config.json"))
-    return json.loads(path.read_text())
+    return language_model_config(json.loads(path.read_text()))
+
+
+def language_model_config(config: dict) -> dict:
+    """The config of the model that generates the text. A checkpoint that also reads images (Qwen3.5, Gemma 3,
+    Llama 4, Mistral 3) nests its language model's config in `text_config`, beside its vision encoder's, and keeps
+    what applies to both at the top (its `quantization_config`); a simulation times the language model alone."""
+    text = config.get("text_config")
+    if not isinstance(text, dict) or "num_hidden_layers" in config:
+        return config
+    outer = {key: value for key, value in config.items() if key not in ("text_config", "vision_config")}
+    return outer | text
 
 
 def _hub_file(repo_id: str, filename: str) -> str:
@@ -80,7 +91,7 @@ def described_model(name: str) -> dict:
     folder = Path(name)
     if (folder / "config.json").is_file():
         try:
-            return json.loads((folder / "config.json").read_text())
+            return language_model_config(json.loads((folder / "config.json").read_text()))
         except ValueError as e:
             raise ValueError(f"model {name!r}: its config.json is not JSON: {e}") from None
     entry = MODEL_CATALOGUE / f"{name}.yaml"

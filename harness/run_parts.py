@@ -50,20 +50,28 @@ def device_caps(device) -> tuple[tuple[int, int], str]:
 
 
 def configured_replica(cfg: RunConfig, make_runner, num_blocks: int, max_model_len: int, eos, engine_class,
-                       caps: tuple[tuple[int, int], str], scheduler: str = "vllm", recv_interval: int = 1) -> Engine:
+                       caps: tuple[tuple[int, int], str], scheduler: str = "vllm", recv_interval: int = 1,
+                       state_blocks: int = 0) -> Engine:
     """A replica with the strategy's options, `auto` caps replaced by `caps` ((sequences, tokens), whose), continuous
-    batching scheduled as `scheduler`'s engine does (SGLang's taking requests in every `recv_interval` steps)."""
+    batching scheduled as `scheduler`'s engine does (SGLang's taking requests in every `recv_interval` steps), each
+    sequence holding `state_blocks` blocks for a linear-attention state (then no prefix caching: not modelled)."""
     (num_seqs, num_tokens), whose = caps
-    if num_seqs > num_blocks:  # `auto` fits the hardware: no more running requests than the cache has blocks
-        num_seqs, whose = num_blocks, f"{whose}, capped at the KV cache's {num_blocks} blocks"
+    most = num_blocks // (1 + state_blocks)
+    if num_seqs > most:  # `auto` fits the hardware: no more running requests than the cache holds at a block each
+        num_seqs, whose = most, f"{whose}, capped at the KV cache's {num_blocks} blocks"
+    if state_blocks and cfg.kv_cache.prefix_caching:
+        log.info("prefix caching off: a model with linear-attention layers keeps a state per sequence, which vLLM "
+                 "does not cache by default and this simulator does not model cached")
     options = cfg.strategy.model_dump(exclude={"name"})
     auto = sorted(key for key, value in options.items() if value == "auto")
     options |= {key: num_tokens if key == "max_batch_tokens" else num_seqs for key in auto}
     try:
         engine = build_replica(cfg.strategy.name, options, make_runner, num_blocks=num_blocks,
                                block_size=cfg.kv_cache.block_size, max_model_len=max_model_len, eos_token_ids=eos,
-                               engine_class=engine_class, prefix_caching=cfg.kv_cache.prefix_caching,
-                               scheduler=scheduler, eviction=cfg.kv_cache.eviction, recv_interval=recv_interval)
+                               engine_class=engine_class,
+                               prefix_caching=cfg.kv_cache.prefix_caching and not state_blocks,
+                               scheduler=scheduler, eviction=cfg.kv_cache.eviction, recv_interval=recv_interval,
+                               state_blocks=state_blocks)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     engine.caps_source = f"{', '.join(auto)} from {whose}" if auto else "as configured"

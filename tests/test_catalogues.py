@@ -41,6 +41,10 @@ PARAMETERS_B = {
     "gpt-oss-20b": 20.91,
     "gpt-oss-120b": 116.83,
     "deepseek-v3": 671.0,
+    # Linear attention mixed with full (Gated DeltaNet): Qwen3-Next's card (80B), and Qwen3.5-9B's language model,
+    # its checkpoint's 9.65B (19,306,216,416 bytes in BF16) less its vision encoder and multi-token-prediction layer.
+    "qwen3-next-80b-a3b": 80.0,
+    "qwen3.5-9b": 8.95,
 }
 # Parameters activated per token, as the cards give them. They round, and they differ on whether the input
 # embedding (a lookup, not a multiply) counts: gpt-oss's card leaves it out (5.13B), Qwen's and DeepSeek's do not say.

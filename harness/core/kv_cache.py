@@ -33,18 +33,22 @@ CACHE_POLICIES = {"vllm": CachePolicy("release_order", names_output=True),
 
 
 class CachePool:
-    """A pool of `num_blocks` blocks of `block_size` token slots, kept as `policy` says once named."""
+    """A pool of `num_blocks` blocks of `block_size` token slots, kept as `policy` says once named. A model with
+    linear-attention layers also keeps a fixed-size state per sequence in the pool, `state_blocks` blocks of it
+    (vLLM's V1 engine holds both in one pool, its state as blocks of the same size)."""
 
-    def __init__(self, num_blocks: int, block_size: int, policy: CachePolicy):
+    def __init__(self, num_blocks: int, block_size: int, policy: CachePolicy, state_blocks: int = 0):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"kv_cache needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.policy = policy
+        self.state_blocks = state_blocks
 
     def num_blocks_for(self, num_tokens):
-        """Blocks that hold `num_tokens` slots (ceil division; also elementwise on a numpy array)."""
-        return -(-num_tokens // self.block_size)
+        """Blocks a sequence of `num_tokens` slots holds: its tokens' (ceil division) and its state's (also
+        elementwise on a numpy array)."""
+        return -(-num_tokens // self.block_size) + self.state_blocks
 
     def num_named_blocks(self, request: Request, num_computed: int) -> int:
         """Blocks of `request` named once `num_computed` of its tokens are: its full ones, prompt ones only unless
@@ -64,8 +68,8 @@ class BlockCount(CachePool):
     """
 
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False,
-                 policy: CachePolicy = CACHE_POLICIES["vllm"]):
-        super().__init__(num_blocks, block_size, policy)
+                 policy: CachePolicy = CACHE_POLICIES["vllm"], state_blocks: int = 0):
+        super().__init__(num_blocks, block_size, policy, state_blocks)
         self.num_used_blocks = 0
         self.prefix_caching = prefix_caching
         # The free blocks in the order they are handed out: run key → [request_id, or None for blocks holding
@@ -164,12 +168,17 @@ class BlockAllocator(CachePool):
     With `prefix_caching`, a request that enters takes the cached blocks of its longest cached prefix
     (`num_cached_tokens`, then `allocate(..., num_cached_tokens)`), and the engine names each full block once it
     is computed (`cache_computed`). Blocks no request holds are free, named ones still cached until handed out
-    again, and are handed out in the order `policy` says.
+    again, and are handed out in the order `policy` says. A sequence's state blocks (a simulated linear-attention
+    model: never the real runner's, whose slots are its table's) join its table when it enters.
     """
 
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False,
-                 policy: CachePolicy = CACHE_POLICIES["vllm"]):
-        super().__init__(num_blocks, block_size, policy)
+                 policy: CachePolicy = CACHE_POLICIES["vllm"], state_blocks: int = 0):
+        if prefix_caching and state_blocks:
+            # A table's leading blocks are its tokens' in order, which naming reads; state blocks would break that.
+            raise ValueError("prefix caching of a model with linear-attention layers is not modelled: "
+                             "set kv_cache.prefix_caching=false")
+        super().__init__(num_blocks, block_size, policy, state_blocks)
         # Blocks no request holds, in the order they are handed out; named ones among them are still cached.
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.block_tables: dict[int, list[int]] = {}
@@ -213,7 +222,7 @@ class BlockAllocator(CachePool):
         `num_cached_tokens`) takes those cached blocks first. All or nothing: False if the blocks aren't free."""
         table = self.block_tables.get(request.request_id)
         if table is not None:
-            if len(table) * self.block_size >= num_tokens:
+            if (len(table) - self.state_blocks) * self.block_size >= num_tokens:
                 return True  # the common case: a decode token that fits in the last block
             return self._grow(table, self.num_blocks_for(num_tokens) - len(table))
         hits = self._hits(request, num_cached_tokens)

@@ -68,6 +68,9 @@ def run_replica(run: MeasuredRun, params: RooflineParams):
     costs = RooflineCostModel(arch, hardware, profile, params.compute_efficiency, run.tensor_parallel,
                               run.expert_parallel)
     default_seqs, default_tokens = hardware.serving_defaults
+    # A model with linear-attention layers: vLLM's larger block, and each sequence's state.
+    block = costs.hybrid_block_size(BLOCK_SIZE) if profile.cache_sizing == "vllm" else BLOCK_SIZE
+    state_blocks = costs.state_blocks(block)
     options = {
         "max_num_seqs": run.max_num_seqs or default_seqs,
         "max_batch_tokens": run.max_num_batched_tokens or default_tokens,
@@ -80,17 +83,18 @@ def run_replica(run: MeasuredRun, params: RooflineParams):
         # No more blocks than all the requests together could hold (and one for each sequence the engine may run,
         # which it asks for): the same simulation, without a table of millions of free blocks (a CPU's memory, a
         # tiny model) built for every trial.
-        num_blocks=min(costs.num_kv_blocks(BLOCK_SIZE, run.memory_fraction,
+        num_blocks=min(costs.num_kv_blocks(block, run.memory_fraction,
                                            (options["max_num_seqs"], options["max_batch_tokens"])),
-                       max(options["max_num_seqs"], sum(-(-(spec.prompt_len + spec.max_new_tokens) // BLOCK_SIZE)
-                                                        for spec in run.requests))),
-        block_size=BLOCK_SIZE,
+                       max(options["max_num_seqs"], sum(-(-(spec.prompt_len + spec.max_new_tokens) // block)
+                                                        + state_blocks for spec in run.requests))),
+        block_size=block,
         max_model_len=run.setup.get("max_model_len") or config["max_position_embeddings"],
         engine_class=simulated_engine,
-        prefix_caching=run.prefix_caching,
+        prefix_caching=run.prefix_caching and not state_blocks,  # not modelled beside a state
         scheduler=profile.scheduler,
         eviction=run.eviction,
         recv_interval=profile.scheduler_recv_interval,
+        state_blocks=state_blocks,
     )
 
 

@@ -1,6 +1,7 @@
 """Simulated replicas: which engine a simulated replica runs (the strategy's simulated engine, or the step-by-step
 one where the simulated engine does not cover the strategy's options), and the replicas a `runner=sim` run gets."""
 
+import logging
 from functools import partial
 
 from harness.architecture import Architecture
@@ -19,6 +20,7 @@ from strategies import Strategy
 from strategies.continuous import ContinuousBatching
 from strategies.sglang import SGLangBatching
 
+log = logging.getLogger(__name__)
 SIMULATED_ENGINES = {"static": SimStatic, "dynamic": SimDynamic, "continuous": SimContinuous}
 
 
@@ -55,19 +57,34 @@ def simulated_replicas(cfg: RunConfig):
         caps = hardware.serving_defaults, f"vLLM's on {hardware.name}"
     else:
         caps = CPU_ENGINE_CAPS, "the CPU defaults"
+    profiled = isinstance(costs, RooflineCostModel)  # a profile's scheduler, if any
+    state_blocks = 0
+    if profiled and arch.num_linear_layers:
+        cfg = _hybrid_cache(cfg, costs)
+        state_blocks = costs.state_blocks(cfg.kv_cache.block_size)
     if cfg.kv_cache.num_blocks != "auto":
         blocks = cfg.kv_cache.num_blocks
     else:
         blocks = auto_num_blocks(costs, cfg, caps[0])
     engine_class = partial(simulated_engine, shared_prefixes=any(s.prefix_pieces for s in workload.requests))
-    profiled = isinstance(costs, RooflineCostModel)  # a profile's scheduler, if any
     scheduler = costs.engine.scheduler if profiled else "vllm"
     recv_interval = costs.engine.scheduler_recv_interval if profiled else 1
     replicas = [configured_replica(cfg, lambda allocator: SimRunner(costs), blocks, config["max_position_embeddings"],
-                                   (), engine_class, caps, scheduler, recv_interval)
+                                   (), engine_class, caps, scheduler, recv_interval, state_blocks)
                 for _ in range(cfg.runner.replicas)]
     route = make_router(cfg.runner.router, cfg.runner.router_load_weight) if len(replicas) > 1 else None
     return replicas, route, workload, "cpu", dtype
+
+
+def _hybrid_cache(cfg: RunConfig, costs: RooflineCostModel) -> RunConfig:
+    """`cfg` with the cache block an engine that sizes its cache as vLLM does gives a model with linear-attention
+    layers (`RooflineCostModel.hybrid_block_size`), where `kv_cache.block_size` is smaller."""
+    block_size = costs.hybrid_block_size(cfg.kv_cache.block_size)
+    if costs.engine.cache_sizing != "vllm" or block_size == cfg.kv_cache.block_size:
+        return cfg
+    log.info("kv_cache.block_size %d -> %d: vLLM makes a block of the full-attention layers no smaller than one "
+             "layer's linear-attention state", cfg.kv_cache.block_size, block_size)
+    return cfg.model_copy(update={"kv_cache": cfg.kv_cache.model_copy(update={"block_size": block_size})})
 
 
 def auto_num_blocks(costs, cfg: RunConfig, engine_caps: tuple[int, int]) -> int:

@@ -9,6 +9,8 @@ kernels between them (`Architecture.activation_bytes_per_token`), on each GPU's 
          + max(attention FLOPs / (BF16 peak * attention eff.), KV bytes / (bandwidth * memory eff.))
          + tokens * activation bytes per token / (bandwidth * memory eff.)   (engines with `activation_traffic`:
            the kernels between the GEMMs, and those quantizing their inputs for FP8 or FP4 tensor cores)
+         + sequences * 2 * linear-attention state bytes / (bandwidth * memory eff.)   (Gated DeltaNet layers: each
+           sequence's state read and written back once a step; their FLOPs, a few MFLOP a token, are left out)
          + all-reduces between the GPUs
 
 The GEMM peak is the weights' format's (FP8 or FP4 tensor cores where the GPU has them, see `Hardware.gemm_peak`).
@@ -110,6 +112,10 @@ class RooflineCostModel:
         self._prefill_pair_flops = arch.attention_flops_per_pair(decode=False)
         self._decode_pair_flops = arch.attention_flops_per_pair(decode=True)
         self._kv_bytes_per_token, self._kv_shards = arch.kv_bytes_per_token, arch.kv_shards(n)
+        # Linear-attention layers read each sequence's state and write it back once a step (a decode row's token, or
+        # a prompt chunk's in one pass), split by value head: `[B, H_v, D_k, D_v]`.
+        self._state_shards = min(n, arch.linear_value_heads) if arch.num_linear_layers else 1
+        self._state_traffic = 2 * arch.linear_state_bytes / self._state_shards
         self._activation_bytes = 0.0
         if engine.activation_traffic:
             self._activation_bytes = arch.activation_bytes_per_token(n) + self._input_quantization_bytes(n)
@@ -253,7 +259,8 @@ class RooflineCostModel:
         attention = maximum(self._attention_flops(shape, pairs) / (self.hardware.peak_flops * attention_compute),
                             kv_per_gpu / memory)
         between_gemms = self._activation_bytes * shape.num_tokens / memory
-        return seconds + attention + between_gemms + self.allreduce_s(shape)
+        states = self._state_traffic * shape.num_rows / memory
+        return seconds + attention + between_gemms + states + self.allreduce_s(shape)
 
     def num_kv_blocks(self, block_size: int, memory_fraction: float | None,
                       caps: tuple[int, int] | None = None) -> int:
@@ -278,5 +285,33 @@ class RooflineCostModel:
                              f"{memory_fraction:.0%} of {gpus}'s {self.hardware.memory_bytes / 1e9:.0f} GB"
                              f"{f' less the {held / 1e9:.1f} GB the engine holds at start-up' if because_held else ''}"
                              f"{hint}")
-        # Each token's cache is held by N / shards GPUs (a latent cache by all N).
-        return int((n * usable - a.weight_bytes) // (block_size * a.kv_bytes_per_token * (n // a.kv_shards(n))))
+        return int((n * usable - a.weight_bytes) // self._block_bytes(block_size))
+
+    def state_blocks(self, block_size: int) -> int:
+        """Blocks of the cache each running sequence holds for its linear-attention state, all GPUs together: a
+        fixed size, whatever the sequence's length (vLLM's V1 engine keeps it in the same pool as the cache)."""
+        if not self.arch.num_linear_layers:
+            return 0
+        state = self.arch.linear_state_bytes * (self.tensor_parallel // self._state_shards)
+        return -int(-state // self._block_bytes(block_size))
+
+    def hybrid_block_size(self, block_size: int) -> int:
+        """The cache block vLLM gives a model with linear-attention layers: no smaller than one layer's state, so
+        that a block of a full-attention layer and a state take pages of one size (`verify_and_update_config` of
+        vLLM's HybridAttentionMambaModelConfig: 16 x ceil(state page / (16 x a token's page)), 528 tokens for
+        Qwen3.5-9B), or `block_size` if larger; `block_size` for any other model."""
+        a, n = self.arch, self.tensor_parallel
+        if not a.num_linear_layers:
+            return block_size
+        state_page = a.linear_state_bytes / a.num_linear_layers / self._state_shards
+        token_page = a.kv_width * a.kv_element_bytes / a.kv_shards(n)
+        return max(block_size, 16 * math.ceil(state_page / (16 * token_page)))
+
+    def _block_bytes(self, block_size: int) -> float:
+        """A cache block's bytes, all GPUs together: each token's cache is held by N / shards GPUs (a latent cache
+        by all N)."""
+        a, n = self.arch, self.tensor_parallel
+        if not a.kv_bytes_per_token:
+            raise ValueError("the model has no layer attending to its whole context, so no KV cache to size: "
+                             "models of linear-attention layers alone are not modelled")
+        return block_size * a.kv_bytes_per_token * (n // a.kv_shards(n))
