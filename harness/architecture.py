@@ -21,6 +21,8 @@ It covers the attention and expert layouts of 2026's open models:
 
 from dataclasses import dataclass
 
+from harness.model_spec import DTYPE_BYTES
+
 # Bytes a weight takes in each format. fp4 is MXFP4 (OCP Microscaling Formats (MX) Specification v1.0: 4-bit E2M1
 # elements sharing one 8-bit E8M0 scale per block of 32), 4.25 bits; fp8's per-block scales (one per 128 x 128, as
 # DeepSeek-V3's config gives them) are too few to count.
@@ -128,9 +130,7 @@ class Architecture:
                 "linear_key_head_dim": config_value(config, "linear_key_head_dim"),
                 "linear_value_head_dim": config_value(config, "linear_value_head_dim"),
                 "linear_conv_kernel": config_value(config, "linear_conv_kernel_dim"),
-                "linear_state_bytes_per_element": _format_bytes(
-                    {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(
-                        config_value(config, "mamba_ssm_dtype"), config_value(config, "mamba_ssm_dtype")))}
+                "linear_state_bytes_per_element": DTYPE_BYTES.get(config_value(config, "mamba_ssm_dtype"))}
                if linear else {}),
         )
 
