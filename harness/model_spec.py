@@ -42,9 +42,19 @@ def read_model_config(model_cfg) -> dict:
 
 
 def language_model_config(config: dict) -> dict:
-    """The config of the model that generates the text. A checkpoint that also reads images (Qwen3.5, Gemma 3,
-    Llama 4, Mistral 3) nests its language model's config in `text_config`, beside its vision encoder's, and keeps
-    what applies to both at the top (its `quantization_config`); a simulation times the language model alone."""
+    """The config of the model that generates the text, as its transformers config class reads the file: a
+    `config.json` names only what differs from the class's defaults (Gemma 3's leaves out its vocabulary, its context
+    and which layers slide), and a checkpoint that also reads images (Qwen3.5, Gemma 3, Llama 4, Mistral 3) nests its
+    language model in `text_config`, beside its vision encoder, keeping what applies to both at the top (its
+    `quantization_config`). A simulation times the language model alone. A model type this transformers does not
+    know is read as its file gives it."""
+    quantization = {"quantization_config": config["quantization_config"]} if "quantization_config" in config else {}
+    try:
+        from transformers import AutoConfig
+
+        return quantization | AutoConfig.for_model(**config).get_text_config().to_dict()
+    except (ValueError, KeyError, TypeError):  # no model_type, or one this transformers lacks
+        pass
     text = config.get("text_config")
     if not isinstance(text, dict) or "num_hidden_layers" in config:
         return config

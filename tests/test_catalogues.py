@@ -146,7 +146,9 @@ def test_an_unknown_model_lists_the_catalogue():
 
 def test_a_model_folder_describes_its_model(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(described_model("llama-3.1-8b")))
-    assert described_model(str(tmp_path)) == described_model("llama-3.1-8b")
+    folder, entry = described_model(str(tmp_path)), described_model("llama-3.1-8b")
+    assert Architecture.from_config(folder, 2) == Architecture.from_config(entry, 2)
+    assert folder["max_position_embeddings"] == entry["max_position_embeddings"]  # read with its class's other fields
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "tests" / "fixtures" / "published").rglob("*.json")),

@@ -66,11 +66,31 @@ def test_a_config_that_nests_its_language_model_beside_a_vision_encoder_is_read_
     assert read["num_hidden_layers"] == 32 and "vision_config" not in read
     assert read["quantization_config"]["quant_method"] == "fp8"  # what applies to the whole checkpoint stays
     assert Architecture.from_config(read, 2).weight_format_bytes == 1
-    assert language_model_config(text) is text  # a language model's own config is read as it is
+    # The language model's own config reads as the same model (in BF16: the FP8 was the checkpoint's).
+    assert Architecture.from_config(language_model_config(text), 2) == dataclasses.replace(
+        Architecture.from_config(read, 2), weight_bytes_per_param=None)
     folder = tmp_path / "qwen3.5-9b-fp8"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(nested))
     assert Architecture.from_config(described_model(str(folder)), 2).num_linear_layers == 24
+
+
+def test_a_config_that_leaves_its_class_defaults_out_is_read_with_them(tmp_path):
+    # Gemma 3's config.json names only what differs from Gemma3TextConfig's defaults: no vocabulary, no context, and
+    # no word of which layers slide (five in six, 1,024 tokens).
+    gemma3 = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+              "text_config": {"model_type": "gemma3_text", "hidden_size": 5376, "intermediate_size": 21504,
+                              "num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 16,
+                              "head_dim": 128, "sliding_window": 1024},
+              "vision_config": {"model_type": "siglip_vision_model"}}
+    folder = tmp_path / "gemma-3-27b"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(gemma3))
+    config = described_model(str(folder))
+    assert (config["vocab_size"], config["max_position_embeddings"]) == (262208, 131072)
+    gemma = Architecture.from_config(config, 2)
+    assert (gemma.num_sliding_layers, gemma.num_full_layers, gemma.sliding_window) == (52, 10, 1024)
+    assert gemma.num_params / 1e9 == pytest.approx(27.0, rel=0.02) and gemma.tie_word_embeddings
 
 
 def test_each_sequence_reads_and_writes_its_state_once_a_step_and_attention_runs_in_the_full_layers_only():
