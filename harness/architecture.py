@@ -5,7 +5,8 @@ It covers the attention and expert layouts of 2026's open models:
 - attention: multi-head or grouped-query (`num_key_value_heads`), multi-head latent attention (DeepSeek-V3/R1:
   `kv_lora_rank`, its cache one latent of `kv_lora_rank + qk_rope_head_dim` per token and layer instead of K and V
   per head), sliding-window layers mixed with full ones (gpt-oss: `layer_types`, `sliding_window`), and attention
-  sinks (a learned logit per head: one parameter per head, no bytes or FLOPs worth counting), a gate on the
+  sinks (a learned logit per head: one parameter per head, no bytes or FLOPs worth counting), chunked attention
+  (Llama 4: layers attending within their chunk, counted as a window of its length), a gate on the
   attention's output (Qwen3-Next, Qwen3.5: `attn_output_gate`, the query projection twice as wide), and linear-attention
   layers mixed with full ones (Gated DeltaNet in Qwen3-Next and Qwen3.5: `layer_types` of `linear_attention`, or every
   layer but each `full_attention_interval`-th), which keep a fixed-size state per sequence instead of a cache that
@@ -13,8 +14,8 @@ It covers the attention and expert layouts of 2026's open models:
 - the MLP: dense, or a mixture of experts — `num_experts` (Mixtral's `num_local_experts`, DeepSeek's
   `n_routed_experts`) of `moe_intermediate_size` (Mixtral and gpt-oss: `intermediate_size`), `experts_per_token`
   chosen per token, shared experts every token uses (DeepSeek's `n_shared_experts` of the routed width, Qwen's one
-  of `shared_expert_intermediate_size`), and `num_dense_layers` leading layers with a dense MLP
-  (`first_k_dense_replace`);
+  of `shared_expert_intermediate_size`, Llama 4's one), and `num_dense_layers` layers with a dense MLP
+  (DeepSeek's leading `first_k_dense_replace`, the layers Llama 4's `moe_layers` leaves out);
 - the number formats: the layers' linear weights in bf16, fp8 or fp4 (`model.quantization`; embeddings and the LM
   head stay in the compute dtype, as FP8 and FP4 checkpoints keep them), the KV cache in its own (`kv_cache.dtype`).
 """
@@ -56,7 +57,7 @@ class Architecture:
     experts_per_token: int = 0
     expert_intermediate_size: int = 0
     num_shared_experts: int = 0
-    num_dense_layers: int = 0  # leading layers with a dense MLP in a mixture of experts
+    num_dense_layers: int = 0  # layers with a dense MLP in a mixture of experts (where they are does not matter)
     # Multi-head latent attention; kv_lora_rank 0: K and V per KV head.
     kv_lora_rank: int = 0
     q_lora_rank: int = 0
@@ -89,14 +90,19 @@ class Architecture:
         experts = config_value(config, "num_local_experts", config_value(config, "num_experts", config_value(
             config, "n_routed_experts", 0))) or 0
         layer_types = config_value(config, "layer_types", []) or []
-        sliding = sum(kind == "sliding_attention" for kind in layer_types)
-        window = config_value(config, "sliding_window", 0) or 0
+        # Llama 4's chunked layers attend within their 8,192-token chunk: counted as a window that long (at most the
+        # same keys, which is all its cache keeps).
+        sliding = sum(kind in ("sliding_attention", "chunked_attention") for kind in layer_types)
+        window = config_value(config, "sliding_window", config_value(config, "attention_chunk_size", 0)) or 0
         num_layers = config_value(config, "num_hidden_layers")
         linear = _num_linear_layers(config, layer_types, num_layers)
         shared_width = config_value(config, "shared_expert_intermediate_size", 0) if experts else 0
+        llama4 = config_value(config, "model_type", "") in ("llama4", "llama4_text")
         return cls(
             num_layers=num_layers, hidden_size=hidden,
-            intermediate_size=config_value(config, "intermediate_size"), num_heads=num_heads,
+            # Llama 4 names its dense layers' MLP width apart from its experts' (`intermediate_size`).
+            intermediate_size=config_value(config, "intermediate_size_mlp", config_value(config, "intermediate_size")),
+            num_heads=num_heads,
             num_kv_heads=config_value(config, "num_key_value_heads", num_heads),
             # Most configs name head_dim only when it differs from hidden_size / heads.
             head_dim=config_value(config, "head_dim", hidden // num_heads),
@@ -110,9 +116,11 @@ class Architecture:
             # Mixtral's and gpt-oss's experts are `intermediate_size` wide; Qwen's and DeepSeek's have their own.
             expert_intermediate_size=config_value(config, "moe_intermediate_size", config_value(
                 config, "intermediate_size")) if experts else 0,
-            num_shared_experts=(1 if shared_width else config_value(config, "n_shared_experts", 0)) if experts else 0,
+            # Qwen's one shared expert has a width of its own; Llama 4's, the routed experts' (its config never says).
+            num_shared_experts=(1 if shared_width or llama4 else config_value(config, "n_shared_experts", 0))
+            if experts else 0,
             shared_expert_intermediate_size=shared_width,
-            num_dense_layers=config_value(config, "first_k_dense_replace", 0) if experts else 0,
+            num_dense_layers=num_layers - _num_moe_layers(config, num_layers) if experts else 0,
             kv_lora_rank=config_value(config, "kv_lora_rank", 0), q_lora_rank=config_value(config, "q_lora_rank", 0),
             qk_rope_head_dim=config_value(config, "qk_rope_head_dim", 0),
             qk_nope_head_dim=config_value(config, "qk_nope_head_dim", 0),
@@ -368,6 +376,18 @@ class Architecture:
         if decode:
             return 2 * self.num_heads * (2 * self.kv_lora_rank + self.qk_rope_head_dim)
         return 2 * self.num_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim)
+
+
+def _num_moe_layers(config, num_layers: int) -> int:
+    """Layers with a mixture of experts: all but DeepSeek's leading dense ones (`first_k_dense_replace`), or those
+    Llama 4 lists (`moe_layers`), or each `interleave_moe_layer_step`-th."""
+    listed = config_value(config, "moe_layers")
+    if listed is not None:
+        return len(listed)
+    step = config_value(config, "interleave_moe_layer_step", 0)
+    if step:
+        return num_layers // step
+    return num_layers - config_value(config, "first_k_dense_replace", 0)
 
 
 def _num_linear_layers(config, layer_types: list, num_layers: int) -> int:

@@ -45,11 +45,14 @@ PARAMETERS_B = {
     # its checkpoint's 9.65B (19,306,216,416 bytes in BF16) less its vision encoder and multi-token-prediction layer.
     "qwen3-next-80b-a3b": 80.0,
     "qwen3.5-9b": 8.95,
+    # Llama 4's cards (Meta's): Scout 109B, Maverick 400B, each 17B active.
+    "llama-4-scout": 109.0,
+    "llama-4-maverick": 400.0,
 }
 # Parameters activated per token, as the cards give them. They round, and they differ on whether the input
 # embedding (a lookup, not a multiply) counts: gpt-oss's card leaves it out (5.13B), Qwen's and DeepSeek's do not say.
 ACTIVE_B = {"mixtral-8x7b": 12.9, "qwen3-30b-a3b": 3.3, "qwen3-235b-a22b": 22.0, "gpt-oss-20b": 3.61,
-            "gpt-oss-120b": 5.13, "deepseek-v3": 37.0}
+            "gpt-oss-120b": 5.13, "deepseek-v3": 37.0, "llama-4-scout": 17.0, "llama-4-maverick": 17.0}
 
 
 @pytest.mark.parametrize("name", catalogue())

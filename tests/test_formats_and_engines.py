@@ -56,6 +56,20 @@ def test_a_sliding_window_layer_caches_and_attends_to_its_window_only():
     assert gpt_oss.attention_sinks and gpt_oss.attention_params == full.attention_params  # one logit per head
 
 
+def test_llama_4_attends_within_its_chunks_and_mixes_dense_layers_with_expert_ones():
+    scout, maverick = arch("llama-4-scout"), arch("llama-4-maverick")
+    # Three layers in four attend within their 8,192-token chunk: counted as a window that long, cache and attention.
+    assert (maverick.num_sliding_layers, maverick.num_full_layers, maverick.sliding_window) == (36, 12, 8192)
+    assert maverick.kv_bytes_per_token == 12 * 2 * 8 * 128 * 2
+    # Every layer of Scout is a mixture, every second one of Maverick, whose others are dense MLPs of 16,384; each
+    # mixture has a shared expert as wide as its routed ones.
+    assert (scout.num_moe_layers, maverick.num_moe_layers, maverick.num_dense_layers) == (48, 24, 24)
+    assert maverick.mlp_params == 3 * 5120 * 16384 and maverick.shared_intermediate_size == 8192
+    # A dense MLP of 16,384 is what a routed and a shared expert of 8,192 are to a token: the two models activate the
+    # same weights but for their routers (Maverick's 24 of 128 experts, Scout's 48 of 16).
+    assert maverick.active_layer_params - scout.active_layer_params == 5120 * (24 * 128 - 48 * 16)
+
+
 def test_weights_and_cache_take_the_bytes_of_their_format():
     bf16, fp8, fp4 = (arch("llama-3.3-70b", quantization=q) for q in ("bf16", "fp8", "fp4"))
     embeddings = 2 * bf16.embedding_params * 2  # input and output embeddings stay in the compute dtype
