@@ -341,11 +341,9 @@ def validate(cfg: DictConfig) -> RunConfig:
         model = read_model_config(config.model)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model.name={config.model.name!r}: {e}") from None
-    if config.runner.name == "real" and (model.get("layer_types") and "linear_attention" in model["layer_types"]
-                                        or model.get("full_attention_interval")):
-        raise ConfigError(f"model {config.model.name!r} has linear-attention layers (Gated DeltaNet), which "
-                          "runner=real cannot run (its paged cache holds full attention alone): use runner=sim, or "
-                          "a peer that serves the model")
+    if config.runner.name == "real" and (unpaged := _layers_not_paged(model)):
+        raise ConfigError(f"model {config.model.name!r} has {unpaged}, which runner=real cannot run (its paged "
+                          "attention attends to every cached token): use runner=sim, or a peer that serves the model")
     context = model.get("max_position_embeddings")
     if context and config.kv_cache.block_size > context:
         raise ConfigError(f"kv_cache.block_size={config.kv_cache.block_size} is larger than the model's whole "
@@ -355,6 +353,16 @@ def validate(cfg: DictConfig) -> RunConfig:
         raise ConfigError(f"workload: random requests of up to {longest} tokens (prefix + input + output) exceed "
                           f"{config.model.name}'s context of {context}")
     return config
+
+
+def _layers_not_paged(model: dict) -> str:
+    """What layers of `model` this harness's paged attention cannot run, in words ("" if none)."""
+    kinds = set(model.get("layer_types") or ())
+    if model.get("full_attention_interval"):  # Qwen3-Next's config names no layer types
+        kinds.add("linear_attention")
+    found = {"linear_attention": "linear-attention layers (Gated DeltaNet)",
+             "chunked_attention": "chunked attention layers (Llama 4)"}
+    return " and ".join(words for kind, words in found.items() if kind in kinds)
 
 
 def _check_cache_holds(config: RunConfig, auto_concurrency: int | None) -> None:

@@ -15,9 +15,11 @@ from harness.job import run_job
 from harness.model_spec import described_model, language_model_config
 from harness.sim.costmodel import RooflineCostModel, StepShape
 from harness.sim.costmodel.hardware import get_hardware
+from harness.sim.engine_profile import get_engine
 from tests.conftest import bare_engine
 
 H100 = get_hardware("h100")
+VLLM = bare_engine(cache_sizing="vllm")  # an engine that sizes its cache as vLLM does
 # One sequence's Gated DeltaNet state in Qwen3.5-9B: per linear layer, 32 value heads of a 128 x 128 fp32 matrix and
 # the convolution's last 3 inputs over its 2 x 2,048 query-key and 4,096 value channels in bf16; 24 such layers.
 QWEN35_9B_STATE = 24 * (32 * 128 * 128 * 4 + (2 * 2048 + 4096) * 3 * 2)
@@ -131,13 +133,14 @@ def test_a_sequences_state_holds_blocks_of_the_cache_as_long_as_it_runs():
 def test_vllm_makes_a_hybrid_models_block_as_large_as_one_layers_state():
     # 16 x ceil(state page / (16 x a token's page)): Qwen3.5-9B's 2,146,304-byte layer state over 4,096 bytes a token
     # and layer; Qwen3-Next's 1,097,728 over 2,048 (the 544 tokens vLLM logs for it), halved per GPU alike under TP.
-    assert RooflineCostModel(arch("qwen3.5-9b"), H100, bare_engine()).hybrid_block_size(16) == 528
-    assert RooflineCostModel(arch("qwen3-next-80b-a3b"), H100, bare_engine(), tensor_parallel=2
+    assert RooflineCostModel(arch("qwen3.5-9b"), H100, VLLM).hybrid_block_size(16) == 528
+    assert RooflineCostModel(arch("qwen3-next-80b-a3b"), H100, VLLM, tensor_parallel=2
                              ).hybrid_block_size(16) == 544
-    assert RooflineCostModel(arch("qwen3-next-80b-a3b"), H100, bare_engine(), tensor_parallel=4
+    assert RooflineCostModel(arch("qwen3-next-80b-a3b"), H100, VLLM, tensor_parallel=4
                              ).hybrid_block_size(16) == 272  # the KV heads replicated past 2 GPUs, the state split
-    assert RooflineCostModel(arch("qwen3.5-9b"), H100, bare_engine()).hybrid_block_size(1024) == 1024
-    assert RooflineCostModel(arch("qwen3-8b"), H100, bare_engine()).hybrid_block_size(16) == 16
+    assert RooflineCostModel(arch("qwen3.5-9b"), H100, VLLM).hybrid_block_size(1024) == 1024
+    assert RooflineCostModel(arch("qwen3.5-9b"), H100, get_engine("sglang")).hybrid_block_size(16) == 16  # its own pool
+    assert RooflineCostModel(arch("qwen3-8b"), H100, VLLM).hybrid_block_size(16) == 16
 
 
 def test_a_simulated_hybrid_model_runs_as_many_sequences_as_its_states_leave_room_for(tmp_path):
@@ -154,6 +157,9 @@ def test_a_simulated_hybrid_model_runs_as_many_sequences_as_its_states_leave_roo
     assert (table.kv_used_blocks <= 42).all()
 
 
-def test_this_harness_own_runner_refuses_a_hybrid_model_in_one_line():
-    with pytest.raises(ConfigError, match="has linear-attention layers .* runner=real cannot run"):
-        validate(compose_config(["runner=real", "model=qwen3.5-9b"]))
+@pytest.mark.parametrize("model,layers", [("qwen3.5-9b", "linear-attention layers"),
+                                          ("qwen3-next-80b-a3b", "linear-attention layers"),
+                                          ("llama-4-scout", "chunked attention layers")])
+def test_this_harness_own_runner_refuses_layers_its_paged_attention_cannot_run_in_one_line(model, layers):
+    with pytest.raises(ConfigError, match=f"has {layers} .* runner=real cannot run"):
+        validate(compose_config(["runner=real", f"model={model}"]))

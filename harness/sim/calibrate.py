@@ -69,7 +69,7 @@ def run_replica(run: MeasuredRun, params: RooflineParams):
                               run.expert_parallel)
     default_seqs, default_tokens = hardware.serving_defaults
     # A model with linear-attention layers: vLLM's larger block, and each sequence's state.
-    block = costs.hybrid_block_size(BLOCK_SIZE) if profile.cache_sizing == "vllm" else BLOCK_SIZE
+    block = costs.hybrid_block_size(BLOCK_SIZE)
     state_blocks = costs.state_blocks(block)
     options = {
         "max_num_seqs": run.max_num_seqs or default_seqs,

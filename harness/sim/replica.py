@@ -80,7 +80,7 @@ def _hybrid_cache(cfg: RunConfig, costs: RooflineCostModel) -> RunConfig:
     """`cfg` with the cache block an engine that sizes its cache as vLLM does gives a model with linear-attention
     layers (`RooflineCostModel.hybrid_block_size`), where `kv_cache.block_size` is smaller."""
     block_size = costs.hybrid_block_size(cfg.kv_cache.block_size)
-    if costs.engine.cache_sizing != "vllm" or block_size == cfg.kv_cache.block_size:
+    if block_size == cfg.kv_cache.block_size:
         return cfg
     log.info("kv_cache.block_size %d -> %d: vLLM makes a block of the full-attention layers no smaller than one "
              "layer's linear-attention state", cfg.kv_cache.block_size, block_size)

@@ -296,12 +296,13 @@ class RooflineCostModel:
         return -int(-state // self._block_bytes(block_size))
 
     def hybrid_block_size(self, block_size: int) -> int:
-        """The cache block vLLM gives a model with linear-attention layers: no smaller than one layer's state, so
-        that a block of a full-attention layer and a state take pages of one size (`verify_and_update_config` of
-        vLLM's HybridAttentionMambaModelConfig: 16 x ceil(state page / (16 x a token's page)), 528 tokens for
-        Qwen3.5-9B), or `block_size` if larger; `block_size` for any other model."""
+        """The cache block an engine that sizes its cache as vLLM does gives a model with linear-attention layers: no
+        smaller than one layer's state, so that a block of a full-attention layer and a state take pages of one size
+        (`verify_and_update_config` of vLLM's HybridAttentionMambaModelConfig: 16 x ceil(state page / (16 x a
+        token's page)), 528 tokens for Qwen3.5-9B), or `block_size` if larger; `block_size` for any other model or
+        engine."""
         a, n = self.arch, self.tensor_parallel
-        if not a.num_linear_layers:
+        if not a.num_linear_layers or self.engine.cache_sizing != "vllm":
             return block_size
         state_page = a.linear_state_bytes / a.num_linear_layers / self._state_shards
         token_page = a.kv_width * a.kv_element_bytes / a.kv_shards(n)
