@@ -1,6 +1,7 @@
 """Models whose layers mix full attention with linear attention (Gated DeltaNet: Qwen3-Next, Qwen3.5): their weights,
-their fixed state per sequence beside a cache only the full layers fill, a step's cost and the cache's capacity, and
-configs that nest the language model beside a vision encoder."""
+their fixed state per sequence beside a cache only the full layers fill, a step's cost and the cache's capacity; configs
+that nest the language model beside a vision encoder or leave their class's defaults out; and the layers this harness's
+own runner refuses."""
 
 import dataclasses
 import json
