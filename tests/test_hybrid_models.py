@@ -133,7 +133,7 @@ def test_a_sequences_state_holds_blocks_of_the_cache_as_long_as_it_runs():
 
 def test_vllm_makes_a_hybrid_models_block_as_large_as_one_layers_state():
     # 16 x ceil(state page / (16 x a token's page)): Qwen3.5-9B's 2,146,304-byte layer state over 4,096 bytes a token
-    # and layer; Qwen3-Next's 1,097,728 over 2,048 (the 544 tokens vLLM logs for it), halved per GPU alike under TP.
+    # and layer; Qwen3-Next's 1,097,728 over 2,048, both halved per GPU on two (2 KV heads, 32 value heads split).
     assert RooflineCostModel(arch("qwen3.5-9b"), H100, VLLM).hybrid_block_size(16) == 528
     assert RooflineCostModel(arch("qwen3-next-80b-a3b"), H100, VLLM, tensor_parallel=2
                              ).hybrid_block_size(16) == 544
