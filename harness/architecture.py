@@ -57,6 +57,7 @@ class Architecture:
     experts_per_token: int = 0
     expert_intermediate_size: int = 0
     num_shared_experts: int = 0
+    shared_expert_intermediate_size: int = 0  # Qwen's one shared expert's width; 0: shared experts are routed-wide
     num_dense_layers: int = 0  # layers with a dense MLP in a mixture of experts (where they are does not matter)
     # Multi-head latent attention; kv_lora_rank 0: K and V per KV head.
     kv_lora_rank: int = 0
@@ -69,7 +70,6 @@ class Architecture:
     num_sliding_layers: int = 0
     attention_sinks: bool = False
     attention_output_gate: bool = False  # a sigmoid gate on the attention's output, computed by the query projection
-    shared_expert_intermediate_size: int = 0  # Qwen's one shared expert's width; 0: shared experts are routed-wide
     # Gated DeltaNet layers (0: none): heads and head sizes of their keys (and queries) and values, the causal
     # convolution's width, and the bytes of an element of their recurrent state (its own dtype, fp32 in Qwen3.5).
     num_linear_layers: int = 0
@@ -95,7 +95,7 @@ class Architecture:
         sliding = sum(kind in ("sliding_attention", "chunked_attention") for kind in layer_types)
         window = config_value(config, "sliding_window", config_value(config, "attention_chunk_size", 0)) or 0
         num_layers = config_value(config, "num_hidden_layers")
-        linear = _num_linear_layers(config, layer_types, num_layers)
+        linear = num_linear_layers(config)
         shared_width = config_value(config, "shared_expert_intermediate_size", 0) if experts else 0
         llama4 = config_value(config, "model_type", "") in ("llama4", "llama4_text")
         return cls(
@@ -390,13 +390,15 @@ def _num_moe_layers(config, num_layers: int) -> int:
     return num_layers - config_value(config, "first_k_dense_replace", 0)
 
 
-def _num_linear_layers(config, layer_types: list, num_layers: int) -> int:
-    """Gated DeltaNet layers: those `layer_types` names so, or where a config gives only `full_attention_interval`
+def num_linear_layers(config) -> int:
+    """A config's Gated DeltaNet layers: those `layer_types` names so, or where it gives only `full_attention_interval`
     (Qwen3-Next's), every layer but each interval's last."""
+    layer_types = config_value(config, "layer_types", []) or []
     if layer_types:
         return sum(kind == "linear_attention" for kind in layer_types)
     interval = config_value(config, "full_attention_interval", 0)
     if interval and config_value(config, "linear_num_value_heads"):
+        num_layers = config_value(config, "num_hidden_layers")
         return num_layers - num_layers // interval
     return 0
 

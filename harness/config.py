@@ -16,7 +16,7 @@ from hydra.core.override_parser.types import ValueType
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from harness.architecture import KV_DTYPES, QUANTIZATIONS
+from harness.architecture import KV_DTYPES, QUANTIZATIONS, num_linear_layers
 from harness.core.kv_cache import EVICTION_ORDERS
 from harness.model_spec import DTYPE_BYTES, read_model_config
 from harness.sim.engine_profile import DEFAULT_ENGINE, get_engine
@@ -357,12 +357,12 @@ def validate(cfg: DictConfig) -> RunConfig:
 
 def _layers_not_paged(model: dict) -> str:
     """What layers of `model` this harness's paged attention cannot run, in words ("" if none)."""
-    kinds = set(model.get("layer_types") or ())
-    if model.get("full_attention_interval"):  # Qwen3-Next's config names no layer types
-        kinds.add("linear_attention")
-    found = {"linear_attention": "linear-attention layers (Gated DeltaNet)",
-             "chunked_attention": "chunked attention layers (Llama 4)"}
-    return " and ".join(words for kind, words in found.items() if kind in kinds)
+    found = []
+    if num_linear_layers(model):
+        found.append("linear-attention layers (Gated DeltaNet)")
+    if "chunked_attention" in (model.get("layer_types") or ()):
+        found.append("chunked attention layers (Llama 4)")
+    return " and ".join(found)
 
 
 def _check_cache_holds(config: RunConfig, auto_concurrency: int | None) -> None:

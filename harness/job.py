@@ -55,7 +55,7 @@ def run_job(raw: DictConfig, run_dir: Path) -> dict:
               "concurrency": replicas[0].strategy.max_concurrency, "max_concurrency": cfg.workload.max_concurrency,
               "engine_caps": replicas[0].caps_source, "num_blocks": replicas[0].allocator.num_blocks,
               "block_size": replicas[0].allocator.block_size,
-              "prefix_caching": cfg.kv_cache.prefix_caching and not replicas[0].allocator.state_blocks,
+              "prefix_caching": replicas[0].allocator.prefix_caching,  # as it ran (not beside a state)
               "replicas": len(replicas),
               "tensor_parallel": getattr(cfg.runner, "tensor_parallel", 1),
               "num_gpus": len(replicas) * getattr(cfg.runner, "tensor_parallel", 1),

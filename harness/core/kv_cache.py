@@ -187,6 +187,10 @@ class BlockAllocator(CachePool):
         self._num_named: dict[int, int] = {}  # request_id → leading blocks of its table already named or matched
 
     @property
+    def prefix_caching(self) -> bool:
+        return self.prefix is not None
+
+    @property
     def num_free_blocks(self) -> int:
         return len(self._free)
 

@@ -32,7 +32,7 @@ class SimEngine(Engine):
                  eos_token_ids=()):
         if eos_token_ids:
             raise ValueError("a simulated run generates no token ids, so it cannot stop at EOS")
-        prefix_caching = allocator.prefix is not None
+        prefix_caching = allocator.prefix_caching
         super().__init__(strategy, runner, BlockCount(allocator.num_blocks, allocator.block_size, prefix_caching,
                                                       allocator.policy, allocator.state_blocks), max_model_len)
         # Whether a decoder's blocks are named as it fills them: then the decoders' named blocks are counted from

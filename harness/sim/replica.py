@@ -33,7 +33,7 @@ def simulated_engine(strategy: Strategy, runner: SimRunner, allocator: BlockAllo
         engine_class = SimSGLang
     elif isinstance(strategy, ContinuousBatching) and not SimContinuous.covers(strategy):
         engine_class = Engine
-    if shared_prefixes and allocator.prefix is not None:
+    if shared_prefixes and allocator.prefix_caching:
         engine_class = Engine
     return engine_class(strategy, runner, allocator, max_model_len, eos_token_ids)
 

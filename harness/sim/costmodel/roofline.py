@@ -301,18 +301,17 @@ class RooflineCostModel:
         (`verify_and_update_config` of vLLM's HybridAttentionMambaModelConfig: 16 x ceil(state page / (16 x a
         token's page)), 528 tokens for Qwen3.5-9B), or `block_size` if larger; `block_size` for any other model or
         engine."""
-        a, n = self.arch, self.tensor_parallel
+        a = self.arch
         if not a.num_linear_layers or self.engine.cache_sizing != "vllm":
             return block_size
         state_page = a.linear_state_bytes / a.num_linear_layers / self._state_shards
-        token_page = a.kv_width * a.kv_element_bytes / a.kv_shards(n)
+        token_page = a.kv_width * a.kv_element_bytes / self._kv_shards
         return max(block_size, 16 * math.ceil(state_page / (16 * token_page)))
 
     def _block_bytes(self, block_size: int) -> float:
         """A cache block's bytes, all GPUs together: each token's cache is held by N / shards GPUs (a latent cache
         by all N)."""
-        a, n = self.arch, self.tensor_parallel
-        if not a.kv_bytes_per_token:
+        if not self._kv_bytes_per_token:
             raise ValueError("the model has no layer attending to its whole context, so no KV cache to size: "
                              "models of linear-attention layers alone are not modelled")
-        return block_size * a.kv_bytes_per_token * (n // a.kv_shards(n))
+        return block_size * self._kv_bytes_per_token * (self.tensor_parallel // self._kv_shards)
