@@ -269,7 +269,9 @@ def _scaled(lengths: np.ndarray, total: int) -> list[int]:
     scaled = np.maximum(lengths * total / lengths.sum(), 1.0)
     rounded = np.floor(scaled).astype(int)
     short = total - int(rounded.sum())
-    order = np.argsort(rounded - scaled)  # the most rounded down first
+    # The most rounded down first; a stable sort breaks ties (lengths drawn alike) by position, where numpy's default
+    # breaks them as the CPU's SIMD sort does (AVX-512, AVX2 and none each differently): the same lengths everywhere.
+    order = np.argsort(rounded - scaled, kind="stable")
     rounded[order[:max(short, 0)]] += 1
     return rounded.tolist()
 
