@@ -9,8 +9,10 @@ kernels between them (`Architecture.activation_bytes_per_token`), on each GPU's 
          + max(attention FLOPs / (BF16 peak * attention eff.), KV bytes / (bandwidth * memory eff.))
          + tokens * activation bytes per token / (bandwidth * memory eff.)   (engines with `activation_traffic`:
            the kernels between the GEMMs, and those quantizing their inputs for FP8 or FP4 tensor cores)
-         + sequences * 2 * linear-attention state bytes / (bandwidth * memory eff.)   (Gated DeltaNet layers: each
-           sequence's state read and written back once a step; their FLOPs, a few MFLOP a token, are left out)
+         + sequences * 2 * linear-attention state bytes / (bandwidth * state kernel share)
+           + linear layers * state kernel floor   (Gated DeltaNet layers: each sequence's state read and written back
+           once a step, at the rate and with the fixed cost measured of vLLM's kernel; their FLOPs, a few MFLOP a
+           token, are left out)
          + all-reduces between the GPUs
 
 The GEMM peak is the weights' format's (FP8 or FP4 tensor cores where the GPU has them, see `Hardware.gemm_peak`).
@@ -69,6 +71,15 @@ ALLREDUCE_BANDWIDTH_SHARE = 0.35
 # one-token time) and the FLOPs 43, 86 and 171 µs at 0.7 of peak: p = 3 gives 152, 159 and 203 µs, a max 151, 151
 # and 171.
 GEMM_KNEE_POWER = 3
+# The Gated DeltaNet decode kernel moves each sequence's state at a share of the datasheet bandwidth, after a fixed
+# time per layer. vLLM's `fused_recurrent_gated_delta_rule_fwd`, timed per layer on an H200 with Qwen3-Next's shapes
+# (vLLM pull request #31722, after its change): 13.60 µs at 32 sequences and 215.12 µs at 1,024 on four GPUs (each
+# reading and writing 8 heads of 128 x 128 in bf16, 0.52 MB a sequence), 20.29 and 420.22 µs on two (1.05 MB): 2.58
+# and 2.60 TB/s a sequence, 0.54 of the H200's 4.8, after 7.1 and 7.4 µs. SGLang runs kernels of the same origin
+# (flash-linear-attention's); the same kernel on a B200 reaches 0.43 of its 8 TB/s after 3.4 µs, which the one share
+# here overstates there.
+LINEAR_STATE_STREAM_SHARE = 0.54
+LINEAR_LAYER_STEP_FLOOR_S = 7.2e-6
 
 
 class RooflineCostModel:
@@ -116,6 +127,8 @@ class RooflineCostModel:
         # a prompt chunk's in one pass), split by value head: `[B, H_v, D_k, D_v]`.
         self._state_shards = min(n, arch.linear_value_heads) if arch.num_linear_layers else 1
         self._state_traffic = 2 * arch.linear_state_bytes / self._state_shards
+        self._state_bandwidth = hardware.memory_bandwidth * LINEAR_STATE_STREAM_SHARE
+        self._state_floor_s = arch.num_linear_layers * LINEAR_LAYER_STEP_FLOOR_S
         self._activation_bytes = 0.0
         if engine.activation_traffic:
             self._activation_bytes = arch.activation_bytes_per_token(n) + self._input_quantization_bytes(n)
@@ -259,8 +272,13 @@ class RooflineCostModel:
         attention = maximum(self._attention_flops(shape, pairs) / (self.hardware.peak_flops * attention_compute),
                             kv_per_gpu / memory)
         between_gemms = self._activation_bytes * shape.num_tokens / memory
-        states = self._state_traffic * shape.num_rows / memory
-        return seconds + attention + between_gemms + states + self.allreduce_s(shape)
+        return seconds + attention + between_gemms + self.state_s(shape.num_rows) + self.allreduce_s(shape)
+
+    def state_s(self, num_rows):
+        """Seconds a step of `num_rows` sequences spends reading and writing their linear-attention states, on each GPU:
+        the decode kernel's measured rate and fixed time per layer (`LINEAR_STATE_STREAM_SHARE`); none without such
+        layers."""
+        return self._state_traffic * num_rows / self._state_bandwidth + self._state_floor_s
 
     def num_kv_blocks(self, block_size: int, memory_fraction: float | None,
                       caps: tuple[int, int] | None = None) -> int:
