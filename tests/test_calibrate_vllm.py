@@ -154,17 +154,18 @@ def test_a_run_whose_engine_scheduled_each_step_after_the_last_is_replayed_so():
     assert serial["overhead_s"] > hidden["overhead_s"] and serial["tpot_s_p50"] > hidden["tpot_s_p50"]
 
 
-@pytest.mark.slow  # a fit of about a minute
-def test_a_fit_on_three_of_vllms_runs_here_predicts_the_held_out_loads():
-    # Fitted on one repeat each of the loops of 1, 4 and 16, judged on the median of five repeats of loads it never
-    # saw. The loop of 8's TTFT missed by 20% while replays overlapped vLLM's steps with their host work and a
-    # sequence could cost no more than 0.1 ms of it; here it costs about 0.2 ms.
-    fitted = load_measured_runs([str(MEASURED / f"concurrency-{c}" / "seed-1") for c in (1, 4, 16)], SETUP)
-    held_out = load_measured_runs([str(MEASURED / load) for load in ("concurrency-2", "concurrency-8", "rate-8")],
-                                  SETUP)
+@pytest.mark.slow  # a fit of twenty runs: about eight minutes
+def test_a_fit_on_four_of_vllms_loads_here_predicts_the_held_out_ones():
+    # The README's fit ("The whole loop, on vLLM here"): every repeat of the loops of 1, 4 and 16 and of Poisson 16/s
+    # fitted, the other four loads judged by the median of their repeats. Fitted on one repeat each of the loops of 1,
+    # 4 and 16, the loop of 2's TTFT missed by 17.5%: one repeat of a load here is 9-27% off another in throughput.
+    fitted = load_measured_runs([str(MEASURED / load) for load in
+                                 ("concurrency-1", "concurrency-4", "concurrency-16", "rate-16")], SETUP)
+    held_out = load_measured_runs([str(MEASURED / load) for load in
+                                   ("concurrency-2", "concurrency-8", "rate-4", "rate-8")], SETUP)
     params, loss = fit(fitted, default_params(fitted[0]))
-    assert loss < 0.01
+    assert loss < 0.015
     table = repeat_table(held_out, [simulate(run, params) for run in held_out], "held out")
-    assert list(table.load) == ["concurrency-2", "concurrency-8", "rate-8"]
+    assert list(table.load) == ["concurrency-2", "concurrency-8", "rate-4", "rate-8"]
     errors = table[["output_throughput_tps", "tpot_s_p50", "ttft_s_p50"]].abs()
     assert (errors < 0.15).all(axis=None), table

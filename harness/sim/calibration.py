@@ -23,7 +23,7 @@ class RooflineParams:
 
 
 # The range each parameter may take: physical limits, wide enough for any engine we have seen. A sequence's host
-# work reaches 0.14 ms a step in vLLM on this 2-core CPU (`tests/fixtures/measured/vllm-cpu-0.32`, README "The whole
+# work reaches 0.36 ms a step in vLLM on this 2-core CPU (`tests/fixtures/measured/vllm-cpu-0.32`, README "The whole
 # loop, on vLLM here"), where its engine core, API server and our client share one core; a GPU engine's is microseconds.
 BOUNDS = RooflineParams(
     compute_efficiency=(0.05, 1.0),
