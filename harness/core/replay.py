@@ -19,11 +19,13 @@ class Client:
     `service_s` after the request before it: the front end handles requests one at a time. That spacing is why
     requests sent together do not stay in lockstep on a real server: the first one starts a step alone.
 
-    A front end that `batches` (vLLM's, 0.10.2 and 0.11 read: each request's handler awaits its tokens between its
-    parsing and its hand-off, on one event loop that runs ready work in the order it became ready) takes in every
-    request sent by the time it is free, parses them one after another, `service_s` each, and hands them all to the
-    engine when the last is parsed (each no sooner than `latency_s` after its send): a burst reaches the engine as
-    one, late.
+    A front end that `batches` (vLLM's, read in 0.10.2, 0.11 and 0.32: each request's handler awaits its tokens
+    between its parsing and its hand-off, from a micro-batching tokenizer to 0.23 and a thread pool since 0.24, on one
+    event loop that runs ready work in the order it became ready) takes in every request sent by the time it is free,
+    parses them one after another, `service_s` each, and hands them all to the engine when the last is parsed (each
+    no sooner than `latency_s` after its send): a burst reaches the engine as one, late. (vLLM then hands them over
+    one at a time, and on vLLM 0.32 here a closed loop's first request of a group steps alone: README "The whole loop,
+    on vLLM here" says what a serial hand-off did to the fit.)
 
     A conversation's later turn (`RequestSpec.follows`) is held until the turn before it ends (finished, or
     rejected: it is still sent, as the user would type it), and arrives `think_s` after that."""

@@ -87,7 +87,7 @@ class EngineProfile:
     # and the chat serving path's own work, before its prompt is tokenized as a completion's is.
     chat_latency_s: float = 0.0
     # Whether the front end hands the requests that reached it together to the engine together, once it has parsed
-    # them all (`harness.core.replay.Client`: vLLM 0.10-0.11's API server awaits each request's tokens between the two),
+    # them all (`harness.core.replay.Client`: vLLM's API server, 0.10 on, awaits each request's tokens between the two),
     # rather than one by one as it parses each.
     frontend_batches: bool = False
     async_scheduling: bool = False  # the host's step work overlaps the GPU's previous step
