@@ -200,8 +200,8 @@ def fit(runs: list[MeasuredRun], start: RooflineParams, max_evaluations: int = 4
     """The parameters that best reproduce `runs`, and their loss: the better of two `bounded_search`es, one from
     `start` and one from its best screened variant (`screened_start`), where that differs. Neither start is always
     the better: a simulated run's loss moves in steps as a parameter crosses a scheduling event, and a local search
-    stops in whichever basin it starts in (vLLM's runs here, fitted on four loads: 0.015 from the V1 profile, 0.030
-    from its screened variant; on three of them: 0.18 from the profile, refused, 0.028 from the variant). Each search
+    stops in whichever basin it starts in (one repeat each of vLLM's loops of 1, 4 and 16 here: 0.00069 from the V1
+    profile, 0.0023 from its screened variant; when those runs were first fitted, 0.0007 and 0.00032). Each search
     restarts from its own answer once by default: Powell's search directions collapse along a valley of parameters
     that trade for each other (a step's host time against its weights' reading; on an earlier sweep of vLLM's runs
     here one search stopped at a loss of 0.085, its restart reached 0.021). The expert GEMMs' figures are searched
