@@ -1,31 +1,39 @@
 """The prepared GPU check: `python -m harness.gpu_check [--dry-run] [--out DIR]`.
 
-One run on one GPU (sized for 8 minutes, start-up included; not yet run on one), four sections, one folder:
+One run on one GPU (3 minutes on an H200, 2026-12-04), five sections, one folder:
 1. kernels: the kernel tests on the device, Triton compiled (the interpreter off);
 2. oracle: every strategy's greedy tokens against `generate()` on the device, in fp32 (exact) and in bf16 (tokens
    equal up to the first near-tie, logits within bf16 error until then; both bounds defined below);
 3. kernel bench: the Triton kernel against the torch reference, SDPA per sequence and FlashAttention if installed;
-4. strategies: static, dynamic and continuous on random-weight 1B- and 8B-shaped Llamas with the ShareGPT profile
+4. dense GEMMs: Llama-3.1-8B's and -70B's GEMMs of a step in BF16 and FP8 (one layer's weights, timed as
+   a CUDA graph), beside the roofline's time for them on this GPU's catalogue entry, and each weight matrix's
+   streaming rate (`harness.dense_gemms`);
+5. strategies: static, dynamic and continuous on random-weight 1B- and 8B-shaped Llamas with the ShareGPT profile
    (tok/s, TTFT, padding waste, busy and overhead time), each beside the roofline simulator's prediction of the
    same run on this GPU's catalogue entry.
-It writes `summary.md` and `summary.json` and exits non-zero if the kernels or the oracle fail.
+It writes `summary.md` and `summary.json` after each section (a run stopped at a lease's time limit keeps what it
+measured; a section that fails records its error and the next one runs) and exits non-zero if any section failed
+or the kernels or the oracle did not pass.
 
 `--dry-run` runs the same sections on this CPU with tiny shapes and the torch reference (kernels interpreted), so
 the check cannot rot between GPU sessions: CI runs it (tests/test_gpu_check.py).
 """
 
 import argparse
+import gc
 import json
 import logging
 import os
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import pandas as pd
 import torch
 
+from harness.analysis.results import write_text
 from workloads import RequestSpec
 
 # bf16 keeps 8 bits of mantissa: a logit of magnitude m is known to about m * 2^-8. Ours and generate()'s
@@ -35,6 +43,7 @@ BF16_UNIT = 2**-8
 BF16_LOGIT_TOLERANCE = 16 * BF16_UNIT  # x the largest |logit| of the step
 BF16_NEAR_TIE = 16 * BF16_UNIT  # x the largest |logit| of the step
 ROOT = Path(__file__).resolve().parents[1]
+SECTIONS = ("kernels", "oracle", "kernel_bench", "dense_gemms", "strategies")
 
 
 def check_kernels(device: str) -> dict:
@@ -138,9 +147,31 @@ def check_bench(dry_run: bool) -> dict:
     return {name: {"ms": 1e3 * t, "x_of_base": t / base} for name, t in times.items()}
 
 
+def check_dense_gemms(models: list[str], hardware: str, device: str, formats: list[str], tokens: list[int],
+                      reps: int) -> dict:
+    """Each model's dense GEMMs in each weight format, timed here beside the roofline's time for them on `hardware`
+    with the default engine profile, and each weight matrix's streaming rate at the fewest tokens
+    (`harness.dense_gemms`)."""
+    from harness.config import compose_config
+    from harness.dense_gemms import measure, streaming
+    from harness.sim.costmodel.hardware import get_hardware
+
+    bandwidth = get_hardware(hardware).memory_bandwidth
+    step, streamed = [], []
+    for model in models:
+        cfg = compose_config([f"model={model}", "runner=sim", f"runner.hardware={hardware}"])
+        step += [{"model": model, "engine": cfg.runner.engine} | row
+                 for row in measure(cfg.model, cfg.runner, device, formats, tokens, reps)]
+        streamed += [{"model": model} | row
+                     for row in streaming(cfg.model, bandwidth, device, formats, tokens[0], reps)]
+    return {"step": step, "streaming": streamed}
+
+
 def check_strategies(models: list[str], device: str, hardware: str | None, workload: list[str],
                      out: Path) -> list[dict]:
-    """Each strategy on each random-weight model, and the roofline's prediction of the same run beside it."""
+    """Each strategy on each random-weight model, and the roofline's prediction of the same run beside it: its
+    throughput (with the default engine profile's host costs, not this harness's) and its busy time (the GPU's
+    alone, which this runner's busy time also holds its launches in). A run that fails leaves a row saying why."""
     from harness.config import compose_config
     from harness.job import run_job
 
@@ -149,17 +180,26 @@ def check_strategies(models: list[str], device: str, hardware: str | None, workl
     for model in models:
         for strategy in ("static", "dynamic", "continuous"):
             common = [f"model={model}", f"strategy={strategy}", *workload, "progress=false"]
-            real = run_job(compose_config([*common, *real_keys]), out / "runs" / f"{model}-{strategy}")
-            row = {"model": model, "strategy": strategy, "output_tok_s": real["output_throughput_tps"],
-                   "ttft_p50_s": real["ttft_s_p50"], "tpot_p50_s": real["tpot_s_p50"],
-                   "padding_waste": real["padding_waste"], "busy_s": real["busy_s"], "overhead_s": real["overhead_s"],
-                   "quiet": real["measurement_warning"] is None}
-            if hardware:
-                sim = run_job(compose_config([*common, "runner=sim", f"runner.hardware={hardware}"]),
-                              out / "runs" / f"{model}-{strategy}-sim")
-                row |= {"sim_output_tok_s": sim["output_throughput_tps"], "sim_ttft_p50_s": sim["ttft_s_p50"],
-                        "sim_vs_real_tok_s": sim["output_throughput_tps"] / real["output_throughput_tps"]}
+            row = {"model": model, "strategy": strategy}
+            try:
+                real = run_job(compose_config([*common, *real_keys]), out / "runs" / f"{model}-{strategy}")
+                row |= {"output_tok_s": real["output_throughput_tps"], "ttft_p50_s": real["ttft_s_p50"],
+                        "tpot_p50_s": real["tpot_s_p50"], "padding_waste": real["padding_waste"],
+                        "busy_s": real["busy_s"], "overhead_s": real["overhead_s"], "num_blocks": real["num_blocks"],
+                        "quiet": real["measurement_warning"] is None}
+                if hardware:
+                    sim = run_job(compose_config([*common, "runner=sim", f"runner.hardware={hardware}"]),
+                                  out / "runs" / f"{model}-{strategy}-sim")
+                    row |= {"sim_output_tok_s": sim["output_throughput_tps"], "sim_ttft_p50_s": sim["ttft_s_p50"],
+                            "sim_vs_real_tok_s": sim["output_throughput_tps"] / real["output_throughput_tps"],
+                            "sim_busy_s": sim["busy_s"], "sim_vs_real_busy": sim["busy_s"] / real["busy_s"]}
+            except Exception as e:  # the other runs' figures are what a rare GPU lease is for
+                row["error"] = f"{type(e).__name__}: {e}"[:500]
             rows.append(row)
+            print(f"gpu check: {model} {strategy}: {row}", flush=True)
+            gc.collect()  # the model and its KV cache, before the next run sizes its cache from free memory
+            if device == "cuda":
+                torch.cuda.empty_cache()
     return rows
 
 
@@ -167,6 +207,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="this CPU, tiny shapes, the torch reference")
     parser.add_argument("--out", type=Path, default=None, help="default results/gpu_check/<time>")
+    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS,
+                        help="run only these (a rerun of one that failed); default all")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     device = "cpu" if args.dry_run or not torch.cuda.is_available() else "cuda"
@@ -179,6 +221,7 @@ def main() -> None:
         models, hardware = ["tiny-llama"], "cpu"
         workload = ["workload=sharegpt", "workload.num_requests=6", "workload.max_output_len=16", "concurrency=4"]
         lengths = [(11, 6), (1, 5), (23, 3), (5, 1)]
+        gemms = dict(models=["tiny-llama"], formats=["bf16", "fp8"], tokens=[16, 64], reps=2)
     else:
         from harness.sim.costmodel.hardware import catalogue_name
 
@@ -186,31 +229,77 @@ def main() -> None:
         models, hardware = ["llama-3.2-1b", "llama-3.1-8b"], catalogue_name(props.name, props.total_memory)
         workload = ["workload=sharegpt", "workload.num_requests=64", "workload.max_output_len=256"]
         lengths = [(11, 6), (1, 5), (23, 3), (5, 1), (17, 9), (8, 4), (300, 40)]
+        fp8 = torch.cuda.get_device_capability(0) >= (8, 9)  # FP8 tensor cores: Ada, Hopper and later
+        gemms = dict(models=["llama-3.1-8b", "llama-3.1-70b"], formats=["bf16", "fp8"] if fp8 else ["bf16"],
+                     tokens=[16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192], reps=20)
     summary = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (dry run)",
-               "torch": torch.__version__, "hardware_entry": hardware}
-    summary["kernels"] = check_kernels(device)
+               "torch": torch.__version__, "hardware_entry": hardware, "seconds": {}}
     dtypes = [torch.float32] if device == "cpu" else [torch.float32, torch.bfloat16]
-    summary["oracle"] = [row for dtype in dtypes for row in check_oracle(device, dtype, lengths)]
-    summary["kernel_bench"] = check_bench(args.dry_run)
-    summary["strategies"] = check_strategies(models, device, hardware, workload, out)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    (out / "summary.md").write_text(_markdown(summary))
+    sections = {
+        "kernels": lambda: check_kernels(device),
+        "oracle": lambda: [row for dtype in dtypes for row in check_oracle(device, dtype, lengths)],
+        "kernel_bench": lambda: check_bench(args.dry_run),
+        "dense_gemms": lambda: check_dense_gemms(hardware=hardware, device=device, **gemms) if hardware else {},
+        "strategies": lambda: check_strategies(models, device, hardware, workload, out),
+    }
+    for name in args.sections:
+        run = sections[name]
+        print(f"gpu check: {name} ...", flush=True)
+        start = time.perf_counter()
+        try:
+            summary[name] = run()
+        except Exception:  # as above: the later sections still run and report
+            summary[name] = {"error": traceback.format_exc(limit=-6)}
+        summary["seconds"][name] = round(time.perf_counter() - start, 1)
+        # After each section, so a run stopped at its time limit still leaves what it measured.
+        write_text(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
+        write_text(out / "summary.md", _markdown(summary))
     print(_markdown(summary))
     print(f"gpu check: {out}")
-    passed = summary["kernels"]["passed"] and all(row["passed"] for row in summary["oracle"])
-    sys.exit(0 if passed else 1)
+    failed = [name for name in args.sections if not _passed(name, summary[name])]
+    if failed:
+        print(f"gpu check: failed: {', '.join(failed)}")
+    sys.exit(1 if failed else 0)
+
+
+def _passed(section: str, result) -> bool:
+    """A section passed: it ran to the end, and the kernels' tests and the oracle's comparisons passed."""
+    if isinstance(result, dict) and "error" in result:
+        return False
+    if section == "kernels":
+        return result["passed"]
+    return section != "oracle" or all(row["passed"] for row in result)
+
+
+def _table(rows, **options) -> str:
+    if isinstance(rows, dict) and "error" in rows:
+        return f"failed:\n\n```\n{rows['error']}```"
+    return pd.DataFrame(rows).to_markdown(index=False, **options) if rows else "(not run)"
 
 
 def _markdown(summary: dict) -> str:
-    bench = pd.DataFrame(summary["kernel_bench"]).T
-    return "\n".join([
-        f"# GPU check: {summary['device']} (torch {summary['torch']}, roofline entry {summary['hardware_entry']})",
-        "", f"## Kernels\n\n{summary['kernels']['result']} ({summary['kernels']['seconds']} s)", "",
-        "## Oracle against generate()", "", pd.DataFrame(summary["oracle"]).to_markdown(index=False), "",
-        "## Kernel bench (one continuous-batching step)", "", bench.to_markdown(floatfmt=".3g"), "",
-        "## Strategies, real beside simulated", "",
-        pd.DataFrame(summary["strategies"]).to_markdown(index=False, floatfmt=".4g"), "",
-    ])
+    """The sections measured so far, each a table or the error that stopped it."""
+    parts = [f"# GPU check: {summary['device']} (torch {summary['torch']}, roofline entry "
+             f"{summary['hardware_entry']})", "", f"Seconds per section: {summary['seconds']}", ""]
+    if "kernels" in summary:
+        kernels = summary["kernels"]
+        parts += ["## Kernels", "", _table(kernels) if "error" in kernels else
+                  f"{kernels['result']} ({kernels['seconds']} s)", ""]
+    if "oracle" in summary:
+        parts += ["## Oracle against generate()", "", _table(summary["oracle"]), ""]
+    if "kernel_bench" in summary:
+        bench = summary["kernel_bench"]
+        table = _table(bench) if "error" in bench else pd.DataFrame(bench).T.to_markdown(floatfmt=".3g")
+        parts += ["## Kernel bench (one continuous-batching step)", "", table, ""]
+    if "dense_gemms" in summary:
+        gemms = summary["dense_gemms"]
+        parts += ["## Dense GEMMs of a decode step, measured beside the roofline", ""]
+        parts += [_table(gemms), ""] if "error" in gemms else [
+            _table(gemms["step"], floatfmt=".4g"), "", "Each weight matrix alone, streamed:", "",
+            _table(gemms["streaming"], floatfmt=".4g"), ""]
+    if "strategies" in summary:
+        parts += ["## Strategies, real beside simulated", "", _table(summary["strategies"], floatfmt=".4g"), ""]
+    return "\n".join(parts)
 
 
 if __name__ == "__main__":

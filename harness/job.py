@@ -20,7 +20,7 @@ from harness.core.replay import replay
 from harness.environment import environment
 from harness.machine_load import MachineLoad, measurement
 from harness.model_spec import read_model_config
-from harness.run_parts import configured_replica, device_caps, device_num_blocks, load_workload
+from harness.run_parts import configured_replica, device_caps, device_num_blocks, largest_step, load_workload
 from harness.sim.engine_profile import configured_engine, front_end
 from harness.sim.replica import simulated_replicas
 
@@ -113,8 +113,10 @@ def _real_replicas(cfg: RunConfig):
         model, tokenizer = load_model(cfg.model, device, dtype)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model.name={cfg.model.name!r}: {e}") from None
-    workload = load_workload(cfg, model.config.vocab_size, tokenizer, model.config.max_position_embeddings)
-    blocks, caps = device_num_blocks(cfg, model, device, dtype), device_caps(device)
+    context = model.config.max_position_embeddings
+    workload = load_workload(cfg, model.config.vocab_size, tokenizer, context)
+    caps = device_caps(device)
+    blocks = device_num_blocks(cfg, model, device, largest_step(cfg, workload, caps[0], context))
 
     def make_runner(allocator):
         runner = RealRunner(model, allocator, kernel_backend=cfg.kernel_backend)

@@ -22,19 +22,50 @@ def load_workload(cfg: RunConfig, vocab_size: int, tokenizer, max_model_len: int
     return workload
 
 
-def device_num_blocks(cfg: RunConfig, model, device, dtype) -> int:
-    """`kv_cache.num_blocks`, `auto` resolved: what the GPU's free memory holds once the weights are loaded, or
-    the CPU's fixed pool."""
+def largest_step(cfg: RunConfig, workload, engine_caps: tuple[int, int], max_model_len: int) -> tuple[int, int, bool]:
+    """(rows, tokens a row, padded) of the largest forward pass a strategy may run on this workload at this
+    concurrency, whichever strategy runs: the larger, in tokens, of a ragged step filling the token budget and a padded
+    batch of as many rows as the concurrency lets in, each as wide as the longest prompt the context holds. Every
+    strategy holds back the same, so a sweep compares them on one cache, as the simulator's does."""
+    num_seqs, num_tokens = engine_caps
+    options = cfg.strategy.model_dump()
+    budget = options.get("max_batch_tokens", "auto")
+    ragged = (1, min(num_tokens if budget == "auto" else budget, max_model_len), False)
+    seqs = options.get("batch_size", options.get("max_num_seqs", "auto"))
+    rows = min(num_seqs if seqs == "auto" else seqs, len(workload.requests))
+    longest = max((spec.prompt_len for spec in workload.requests if spec.prompt_len <= max_model_len), default=1)
+    return max(ragged, (max(1, rows), longest, True), key=lambda step: step[0] * step[1])
+
+
+def device_num_blocks(cfg: RunConfig, model, device, step: tuple[int, int, bool]) -> int:
+    """`kv_cache.num_blocks`, `auto` resolved: on a GPU, the memory share vLLM's `--gpu-memory-utilization` gives
+    the process, less what the weights hold and what the largest step (`largest_step`: rows, tokens a row, padded)
+    was measured to take at its peak; on a CPU, the fixed pool. Raises ConfigError when nothing is left for it."""
     if cfg.kv_cache.num_blocks != "auto":
         return cfg.kv_cache.num_blocks
     if device.type != "cuda":
         return CPU_NUM_BLOCKS
     import torch
 
-    free, _ = torch.cuda.mem_get_info(device)
-    arch = Architecture.from_config(model.config, dtype.itemsize)
+    from harness.real.runner import activation_peak_bytes
+
+    rows, row_tokens, padded = step
+    peak = activation_peak_bytes(model, rows, row_tokens, padded, cfg.kv_cache.block_size, cfg.kernel_backend)
+    free, total = torch.cuda.mem_get_info(device)
     share = DEFAULT_MEMORY_FRACTION if cfg.kv_cache.memory_fraction == "auto" else cfg.kv_cache.memory_fraction
-    return int(free * share // (cfg.kv_cache.block_size * arch.kv_bytes_per_token))
+    left = share * total - (total - free) - peak
+    arch = Architecture.from_config(model.config, next(model.parameters()).dtype.itemsize)
+    block_bytes = cfg.kv_cache.block_size * arch.kv_bytes_per_token
+    if left < block_bytes:
+        gib = 2**30
+        raise ConfigError(f"kv_cache: no GPU memory left for a KV cache: of {share:g} x {total / gib:.1f} GiB, the "
+                          f"weights and what else this process holds take {(total - free) / gib:.1f} GiB and a step "
+                          f"of {rows} x {row_tokens} tokens {peak / gib:.1f} GiB; lower the batch (concurrency, "
+                          f"strategy.max_batch_tokens) or raise kv_cache.memory_fraction")
+    log.info("kv cache: %.1f GiB, of %g x %.1f GiB less %.1f GiB held (weights) and %.1f GiB at the peak of a step "
+             "of %d x %d tokens", left / 2**30, share, total / 2**30, (total - free) / 2**30, peak / 2**30, rows,
+             row_tokens)
+    return int(left // block_bytes)
 
 
 def device_caps(device) -> tuple[tuple[int, int], str]:

@@ -21,6 +21,13 @@ def test_the_dry_run_checks_every_section_and_passes(tmp_path):
     assert {row["strategy"] for row in summary["oracle"]} == {"static", "dynamic", "continuous"}
     assert all(row["passed"] and row["requests_equal"] == 4 for row in summary["oracle"])
     assert "torch reference" in summary["kernel_bench"]
+    gemms = summary["dense_gemms"]
+    assert [(row["format"], row["tokens"]) for row in gemms["step"]] == [("bf16", 16), ("bf16", 64), ("fp8", 16),
+                                                                         ("fp8", 64)]
+    assert all(row["measured_ms"] > 0 and row["roofline_ms"] > 0 for row in gemms["step"])
+    assert [row["matrix"] for row in gemms["streaming"]] == ["qkv", "o", "gate_up", "down", "lm_head", "qkv", "o",
+                                                             "gate_up", "down"]
+    assert set(summary["seconds"]) == {"kernels", "oracle", "kernel_bench", "dense_gemms", "strategies"}
     rows = summary["strategies"]
     assert [row["strategy"] for row in rows] == ["static", "dynamic", "continuous"]
     assert all(row["output_tok_s"] > 0 and row["sim_output_tok_s"] > 0 and row["busy_s"] > 0 for row in rows)

@@ -129,7 +129,7 @@ def _in_process(cfg: RunConfig, device, records: RunRecords, num_seqs: int, num_
 
     max_seqs = num_seqs if runner.max_num_seqs == "auto" else runner.max_num_seqs
     max_tokens = num_tokens if runner.max_batch_tokens == "auto" else runner.max_batch_tokens
-    blocks = device_num_blocks(cfg, model, device, model.dtype)
+    blocks = device_num_blocks(cfg, model, device, (1, min(max_tokens, context), False))  # its token budget
 
     def go(load: MachineLoad) -> None:
         with TransformersContinuous(model, max_tokens, max_seqs, cfg.kv_cache.block_size, blocks) as peer, load:

@@ -128,3 +128,26 @@ class RealRunner:
         """Block tables flattened row by row, each padded with -1 to the longest: `[S * max_blocks]`."""
         width = max(1, max(len(t) for t in tables))
         return [block for t in tables for block in (*t, *[-1] * (width - len(t)))]
+
+
+def activation_peak_bytes(model, num_rows: int, row_tokens: int, padded: bool, block_size: int,
+                          kernel_backend: str = "auto") -> int:
+    """GPU memory a step of `num_rows` prompts of `row_tokens` tokens each (a padded rectangle, or ragged chunks)
+    takes beyond the weights: its peak allocation in one forward pass over a throwaway cache just big enough, as vLLM
+    profiles a step of its token budget before it sizes its cache. The model's attention is left as it was found."""
+    attention = model.config._attn_implementation
+    allocator = BlockAllocator(num_rows * -(-row_tokens // block_size), block_size)
+    requests = [Request(request_id=-1 - i, arrival_s=0.0, token_ids=[0] * row_tokens, num_prompt_tokens=row_tokens,
+                        max_new_tokens=1) for i in range(num_rows)]
+    for request in requests:
+        allocator.allocate(request, row_tokens)
+    runner = RealRunner(model, allocator, kernel_backend=kernel_backend)
+    torch.cuda.synchronize(runner.device)
+    before = torch.cuda.memory_allocated(runner.device)  # the weights and the throwaway cache: not the step's
+    torch.cuda.reset_peak_memory_stats(runner.device)
+    runner.execute(BatchPlan(chunks=[ScheduledChunk(r, 0, row_tokens) for r in requests], padded=padded))
+    peak = torch.cuda.max_memory_allocated(runner.device) - before
+    del runner
+    model.set_attn_implementation(attention)
+    torch.cuda.empty_cache()
+    return peak
