@@ -106,6 +106,21 @@ def test_roofline_decode_is_memory_bound_and_a_big_prefill_compute_bound():
         RooflineCostModel(LLAMA_7B, get_hardware("l4"), bare_engine()).num_kv_blocks(16, 0.5)
 
 
+def test_the_dense_gemms_a_gpu_check_measures_are_the_step_less_its_attention():
+    """`dense_gemm_s`, which `harness.gpu_check` puts beside measured GEMMs: the weights' stream in a decode, their
+    FLOPs in a big prefill, and with the attention the whole step."""
+    h100 = get_hardware("h100")
+    model = RooflineCostModel(LLAMA_7B, h100, bare_engine(1.0), compute_efficiency=1.0)
+    decode = StepShape(False, 1, 1, 100, 100, 1, 100)
+    assert model.dense_gemm_s(decode) == pytest.approx(LLAMA_7B.dense_weight_bytes_read() / h100.memory_bandwidth)
+    assert model.predict(decode) == pytest.approx(model.dense_gemm_s(decode) + model.kv_bytes(decode)
+                                                  / h100.memory_bandwidth)
+    prefill = StepShape(False, 8192, 1, 8192 * 4096, 8192, 1)
+    assert model.dense_gemm_s(prefill) == pytest.approx(model.gemm_flops(prefill)[0] / h100.peak_flops)
+    assert model.predict(prefill) == pytest.approx(model.dense_gemm_s(prefill) + model.attention_flops(prefill)
+                                                   / h100.peak_flops)
+
+
 @pytest.mark.parametrize("strategy,options", [("static", dict(batch_size=3)), ("dynamic", dict(batch_size=3)),
                                               ("continuous", dict(max_batch_tokens=16, max_num_seqs=3))])
 def test_real_and_simulated_runs_make_the_same_schedule(strategy, options, runner_model):
