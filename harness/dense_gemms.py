@@ -11,6 +11,7 @@ does; the step's time is that layer's times the layers, plus the LM head. FP8 he
 
 import time
 
+import numpy as np
 import torch
 
 from harness.architecture import Architecture
@@ -101,10 +102,39 @@ def measure(model_cfg, runner_cfg, device: str, formats: list[str], tokens: list
             rows.append({"format": weight_format, "tokens": t, "measured_ms": 1e3 * measured,
                          "roofline_ms": 1e3 * predicted, "roofline_vs_measured": predicted / measured,
                          "measured_tflops": flops / measured / 1e12,
-                         "share_of_peak": flops / measured / peak if peak else None})
+                         "share_of_peak": flops / measured / peak if peak else None,
+                         "weight_bytes": arch.dense_weight_bytes_read(),
+                         "num_gemms": len(LAYER_GEMMS) * config["num_hidden_layers"] + 1})
             if device == "cuda":
                 torch.cuda.empty_cache()
     return rows
+
+
+def stream_and_fixed_time(steps: list[tuple[float, int, float]]) -> tuple[float, float]:
+    """(bytes a second, seconds a GEMM) that best explain decode steps given as (weight bytes, GEMMs, seconds): a
+    step's weights streamed at one rate plus a fixed time for each GEMM it runs, by least squares. Two steps of
+    different models settle both; the fixed time is why a small model's weights stream at less of the bandwidth."""
+    a = np.array([[weight_bytes, gemms] for weight_bytes, gemms, _ in steps], dtype=float)  # [S, 2]
+    seconds = np.array([t for _, _, t in steps], dtype=float)  # [S]
+    per_byte, per_gemm = np.linalg.lstsq(a, seconds, rcond=None)[0]
+    return 1 / per_byte, per_gemm
+
+
+def decode_fits(step: list[dict], bandwidth: float) -> list[dict]:
+    """Per format, from `measure`'s rows of several models: the stream rate and fixed time per GEMM their decode steps
+    at the fewest tokens agree with (`stream_and_fixed_time`); none with fewer than two models."""
+    fits = []
+    for weight_format in dict.fromkeys(row["format"] for row in step):
+        rows = [row for row in step if row["format"] == weight_format]
+        fewest = min(row["tokens"] for row in rows)
+        steps = [(row["weight_bytes"], row["num_gemms"], row["measured_ms"] / 1e3) for row in rows
+                 if row["tokens"] == fewest]
+        if len(steps) < 2:
+            continue
+        rate, per_gemm = stream_and_fixed_time(steps)
+        fits.append({"format": weight_format, "tokens": fewest, "models": len(steps), "stream_tb_s": rate / 1e12,
+                     "share_of_datasheet": rate / bandwidth, "per_gemm_us": 1e6 * per_gemm})
+    return fits
 
 
 def streaming(model_cfg, hardware_bandwidth: float, device: str, formats: list[str], tokens: int,

@@ -153,7 +153,7 @@ def check_dense_gemms(models: list[str], hardware: str, device: str, formats: li
     with the default engine profile, and each weight matrix's streaming rate at the fewest tokens
     (`harness.dense_gemms`)."""
     from harness.config import compose_config
-    from harness.dense_gemms import measure, streaming
+    from harness.dense_gemms import decode_fits, measure, streaming
     from harness.sim.costmodel.hardware import get_hardware
 
     bandwidth = get_hardware(hardware).memory_bandwidth
@@ -164,7 +164,7 @@ def check_dense_gemms(models: list[str], hardware: str, device: str, formats: li
                  for row in measure(cfg.model, cfg.runner, device, formats, tokens, reps)]
         streamed += [{"model": model} | row
                      for row in streaming(cfg.model, bandwidth, device, formats, tokens[0], reps)]
-    return {"step": step, "streaming": streamed}
+    return {"step": step, "streaming": streamed, "decode_fit": decode_fits(step, bandwidth)}
 
 
 def check_strategies(models: list[str], device: str, hardware: str | None, workload: list[str],
@@ -297,6 +297,9 @@ def _markdown(summary: dict) -> str:
         parts += [_table(gemms), ""] if "error" in gemms else [
             _table(gemms["step"], floatfmt=".4g"), "", "Each weight matrix alone, streamed:", "",
             _table(gemms["streaming"], floatfmt=".4g"), ""]
+        if gemms.get("decode_fit"):
+            parts += ["The models' decode steps as one stream rate and a fixed time per GEMM:", "",
+                      _table(gemms["decode_fit"], floatfmt=".4g"), ""]
     if "strategies" in summary:
         parts += ["## Strategies, real beside simulated", "", _table(summary["strategies"], floatfmt=".4g"), ""]
     return "\n".join(parts)

@@ -4,9 +4,11 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from harness.core.records import RunRecords
+from harness.dense_gemms import decode_fits, stream_and_fixed_time
 from harness.gpu_check import BF16_NEAR_TIE, _compare
 from strategies import Request
 from tests.conftest import ROOT
@@ -27,6 +29,7 @@ def test_the_dry_run_checks_every_section_and_passes(tmp_path):
     assert all(row["measured_ms"] > 0 and row["roofline_ms"] > 0 for row in gemms["step"])
     assert [row["matrix"] for row in gemms["streaming"]] == ["qkv", "o", "gate_up", "down", "lm_head", "qkv", "o",
                                                              "gate_up", "down"]
+    assert gemms["decode_fit"] == []  # one model: no fit of a stream rate and a fixed time
     assert set(summary["seconds"]) == {"kernels", "oracle", "kernel_bench", "dense_gemms", "strategies"}
     rows = summary["strategies"]
     assert [row["strategy"] for row in rows] == ["static", "dynamic", "continuous"]
@@ -51,3 +54,19 @@ def test_bf16_allows_a_different_token_only_at_a_near_tie():
     wrong = _compare("continuous", "bfloat16", one_request([1, 0]), ours, expected, exact=False)
     assert wrong["mismatches"] == 1 and not wrong["passed"]  # token 0 at step 2 was far from the top
     assert not _compare("continuous", "float32", one_request([2, 3]), ours, expected, exact=True)["passed"]
+
+
+def test_decode_steps_of_two_models_give_one_stream_rate_and_a_fixed_time_per_gemm():
+    # The H200's (2026-12-04, README "What the first GPU check found"): Llama-3.1-8B's decode step, 15.0 GB of weights
+    # in 129 GEMMs, took 4.107 ms; Llama-3.1-70B's, 139.0 GB in 321, 34.26 ms.
+    rate, per_gemm = stream_and_fixed_time([(15.009e9, 129, 4.107e-3), (139.003e9, 321, 34.26e-3)])
+    assert rate == pytest.approx(4.23e12, rel=0.01) and per_gemm == pytest.approx(4.34e-6, rel=0.02)
+    exact = [(b, n, b / 3e12 + n * 5e-6) for b, n in ((1e9, 100), (4e9, 150), (20e9, 400))]
+    assert stream_and_fixed_time(exact) == pytest.approx((3e12, 5e-6))
+    rows = [{"format": f, "tokens": t, "weight_bytes": b, "num_gemms": n, "measured_ms": 1e3 * (b / 3e12 + n * 5e-6)}
+            for f in ("bf16", "fp8") for t in (16, 64) for b, n in ((1e9, 100), (20e9, 400))]
+    fits = decode_fits(rows, bandwidth=4e12)
+    assert [(fit["format"], fit["tokens"], fit["models"]) for fit in fits] == [("bf16", 16, 2), ("fp8", 16, 2)]
+    assert fits[0]["stream_tb_s"] == pytest.approx(3.0) and fits[0]["share_of_datasheet"] == pytest.approx(0.75)
+    assert fits[0]["per_gemm_us"] == pytest.approx(5.0)
+    assert decode_fits(rows[:1], bandwidth=4e12) == []
