@@ -14,7 +14,7 @@ import time
 import numpy as np
 import torch
 
-from harness.architecture import Architecture
+from harness.architecture import FORMAT_BYTES, Architecture
 from harness.model_spec import DTYPE_BYTES, read_model_config
 from harness.sim.costmodel import StepShape, build_cost_model
 
@@ -149,7 +149,7 @@ def streaming(model_cfg, hardware_bandwidth: float, device: str, formats: list[s
             if name == "lm_head" and i:
                 continue  # engines keep it in BF16: once is enough
             kind = "bf16" if name == "lm_head" else weight_format
-            weight_bytes = shape[0] * shape[1] * (2 if kind == "bf16" else 1)
+            weight_bytes = shape[0] * shape[1] * FORMAT_BYTES[kind]
             # On a CPU (the dry run) one copy: its caches are not what is measured there.
             copies = max(1, int(STREAMED_BYTES // weight_bytes)) if device == "cuda" else 1
             seconds = _seconds([_gemm(kind, shape, tokens, device) for _ in range(copies)], reps, device) / copies

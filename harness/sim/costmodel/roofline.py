@@ -248,20 +248,23 @@ class RooflineCostModel:
     def dense_gemm_s(self, shape: StepShape):
         """Seconds of the step's dense GEMMs on each GPU: the attention projections, dense and shared-expert MLPs,
         routers and LM head, each GPU computing and reading its 1/N."""
+        return self._dense_gemm_s(shape, self.gemm_flops(shape)[0])
+
+    def _dense_gemm_s(self, shape: StepShape, dense_flops):
+        """`dense_gemm_s` given the step's dense FLOPs, which a step's time computes once with its experts'."""
         n = self.tensor_parallel
         gemm_peak = self._dense_peak * (self.compute_efficiency * n)
         if self._dense_widened:  # a mixed-precision kernel: a falling share of the BF16 peak as the tokens grow
             gemm_peak = gemm_peak * widened_gemm_share(shape.num_tokens)
-        dense_flops, _ = self.gemm_flops(shape)
         return self._gemm_seconds(dense_flops / gemm_peak, self._dense_bytes / n / self._bandwidth)
 
     def _seconds(self, shape: StepShape):
         a, n = self.arch, self.tensor_parallel
         compute = self.compute_efficiency * n
         memory = self._bandwidth
-        seconds = self.dense_gemm_s(shape)
+        dense_flops, expert_flops = self.gemm_flops(shape)
+        seconds = self._dense_gemm_s(shape, dense_flops)
         if a.num_experts:
-            _, expert_flops = self.gemm_flops(shape)
             # No `widened_gemm_share`: the engine's fitted share for grouped expert GEMMs (`moe_share`) holds their
             # kernels' own shortfall, widened weights (gpt-oss's MXFP4 experts on a Hopper) included.
             expert_peak = self.hardware.gemm_peak(a.expert_format_bytes) * compute
