@@ -226,6 +226,19 @@ class Architecture:
         return self.hidden_size * self.num_experts
 
     @property
+    def num_dense_gemms(self) -> int:
+        """GEMM kernels a forward pass runs outside the routed experts, each with a fixed time of its own on a GPU
+        (`Hardware.gemm_fixed_s`): a layer's fused QKV and output projections (MLA's five: the fused query and latent
+        down-projections, the query up-projection, the two absorbed latent ones and the output; a Gated DeltaNet
+        layer's three: two input projections and the output), its fused gate-up and down projections (a mixture's
+        router and, where it has them, its shared experts'), and the LM head."""
+        attention = 5 if self.latent_attention else 2
+        mixers = (self.num_layers - self.num_linear_layers) * attention + 3 * self.num_linear_layers
+        moe_layer = 1 + (2 if self.shared_intermediate_size else 0)
+        mlps = (self.num_layers - self.num_moe_layers) * 2 + self.num_moe_layers * moe_layer
+        return mixers + mlps + 1
+
+    @property
     def num_moe_layers(self) -> int:
         return self.num_layers - self.num_dense_layers if self.num_experts else 0
 

@@ -1,14 +1,15 @@
-"""A model's dense GEMMs timed on this device, in each weight format, beside the roofline's dense-GEMM time for the
-same step: the one part of the simulator's step time a GPU check can measure apart from any engine.
+"""A model's dense GEMMs timed on this device, in each weight format, beside the roofline's dense-GEMM time for the same
+step: the one part of the simulator's step time a GPU check can measure apart from any engine.
 
 A decode step of T sequences multiplies a `[T, hidden]` activation by every layer's QKV, output, gate-up and down
-weights and the LM head. One layer's weights (436 MB for Llama-3.1-8B in BF16) are several times an H100's or H200's
-L2, so timing the same layer's four GEMMs over and over streams them from memory, as a forward pass over the layers
-does; the step's time is that layer's times the layers, plus the LM head. FP8 here is per-tensor scaled
-(`torch._scaled_mm`, cuBLASLt): the FP8 tensor cores' own rate, where the roofline gives block-scaled FP8 GEMMs
-(what FP8 checkpoints ship) `fp8_block_scaled_share` of it.
+weights and the LM head. One layer's weights (436 MB for Llama-3.1-8B in BF16) are several times an H100's or H200's L2,
+so timing the same layer's four GEMMs over and over streams them from memory, as a forward pass over the layers does (a
+smaller model's layer is cycled through copies of it); the step's time is that layer's times the layers, plus the LM
+head. FP8 here is per-tensor scaled (`torch._scaled_mm`, cuBLASLt): the FP8 tensor cores' own rate, where the roofline
+gives block-scaled FP8 GEMMs (what FP8 checkpoints ship) `fp8_block_scaled_share` of it.
 """
 
+import math
 import time
 
 import numpy as np
@@ -92,8 +93,14 @@ def measure(model_cfg, runner_cfg, device: str, formats: list[str], tokens: list
         arch = Architecture.from_config(config, DTYPE_BYTES["bfloat16"], weight_format)
         roofline = build_cost_model(runner_cfg, arch)
         peak = roofline.hardware.peak_flops if weight_format == "bf16" else roofline.hardware.fp8_flops
+        layer_bytes = sum(out * inp for out, inp in layer_weights(config)) * FORMAT_BYTES[weight_format]
+        # A small model's layer fits in L2: cycle through copies so each pass reads its weights from memory, as a
+        # forward pass over all its layers does. On a CPU (the dry run) one copy.
+        copies = max(1, math.ceil(STREAMED_BYTES / layer_bytes)) if device == "cuda" else 1
         for t in tokens:
-            layer = _seconds([_gemm(weight_format, shape, t, device) for shape in layer_weights(config)], reps, device)
+            layer_gemms = [_gemm(weight_format, shape, t, device) for _ in range(copies)
+                           for shape in layer_weights(config)]
+            layer = _seconds(layer_gemms, reps, device) / copies
             head = _seconds([_gemm("bf16", lm_head, t, device)], reps, device)  # engines keep the LM head in BF16
             measured = config["num_hidden_layers"] * layer + head
             shape = decode_shape(t)
@@ -104,7 +111,7 @@ def measure(model_cfg, runner_cfg, device: str, formats: list[str], tokens: list
                          "measured_tflops": flops / measured / 1e12,
                          "share_of_peak": flops / measured / peak if peak else None,
                          "weight_bytes": arch.dense_weight_bytes_read(),
-                         "num_gemms": len(LAYER_GEMMS) * config["num_hidden_layers"] + 1})
+                         "num_gemms": arch.num_dense_gemms})
             if device == "cuda":
                 torch.cuda.empty_cache()
     return rows
@@ -112,11 +119,12 @@ def measure(model_cfg, runner_cfg, device: str, formats: list[str], tokens: list
 
 def stream_and_fixed_time(steps: list[tuple[float, int, float]]) -> tuple[float, float]:
     """(bytes a second, seconds a GEMM) that best explain decode steps given as (weight bytes, GEMMs, seconds): a
-    step's weights streamed at one rate plus a fixed time for each GEMM it runs, by least squares. Two steps of
-    different models settle both; the fixed time is why a small model's weights stream at less of the bandwidth."""
-    a = np.array([[weight_bytes, gemms] for weight_bytes, gemms, _ in steps], dtype=float)  # [S, 2]
+    step's weights streamed at one rate plus a fixed time for each GEMM it runs. Least squares over each step's error
+    as a share of its time, so a 0.6B model's step counts as much as a 70B's. Two steps of different models settle
+    both; the fixed time is why a small model's weights stream at less of the bandwidth."""
     seconds = np.array([t for _, _, t in steps], dtype=float)  # [S]
-    per_byte, per_gemm = np.linalg.lstsq(a, seconds, rcond=None)[0]
+    a = np.array([[weight_bytes, gemms] for weight_bytes, gemms, _ in steps], dtype=float) / seconds[:, None]  # [S, 2]
+    per_byte, per_gemm = np.linalg.lstsq(a, np.ones_like(seconds), rcond=None)[0]
     return 1 / per_byte, per_gemm
 
 

@@ -5,9 +5,10 @@ One run on one GPU (3 minutes on an H200, 2026-12-04), five sections, one folder
 2. oracle: every strategy's greedy tokens against `generate()` on the device, in fp32 (exact) and in bf16 (tokens
    equal up to the first near-tie, logits within bf16 error until then; both bounds defined below);
 3. kernel bench: the Triton kernel against the torch reference, SDPA per sequence and FlashAttention if installed;
-4. dense GEMMs: Llama-3.1-8B's and -70B's GEMMs of a step in BF16 and FP8 (one layer's weights, timed as
-   a CUDA graph), beside the roofline's time for them on this GPU's catalogue entry, and each weight matrix's
-   streaming rate (`harness.dense_gemms`);
+4. dense GEMMs: the GEMMs of a step of seven dense models (Qwen3-0.6B to Llama-3.1-70B, `--gemm-models`) in BF16
+   and FP8 (one layer's weights, timed as a CUDA graph), beside the roofline's time for them on this GPU's
+   catalogue entry, each weight matrix's streaming rate, and the decode steps fitted as one stream rate and a fixed
+   time per GEMM (`harness.dense_gemms`);
 5. strategies: static, dynamic and continuous on random-weight 1B- and 8B-shaped Llamas with the ShareGPT profile
    (tok/s, TTFT, padding waste, busy and overhead time), each beside the roofline simulator's prediction of the
    same run on this GPU's catalogue entry.
@@ -44,6 +45,9 @@ BF16_LOGIT_TOLERANCE = 16 * BF16_UNIT  # x the largest |logit| of the step
 BF16_NEAR_TIE = 16 * BF16_UNIT  # x the largest |logit| of the step
 ROOT = Path(__file__).resolve().parents[1]
 SECTIONS = ("kernels", "oracle", "kernel_bench", "dense_gemms", "strategies")
+# Dense models from 0.6B to 70B, so the decode steps' fit of a stream rate and a fixed time per GEMM rests on many
+# matrix sizes; the Qwen3s are the shapes most published runs the simulator is fitted on served.
+GEMM_MODELS = ("qwen3-0.6b", "llama-3.2-1b", "qwen3-8b", "llama-3.1-8b", "qwen3-14b", "qwen3-32b", "llama-3.1-70b")
 
 
 def check_kernels(device: str) -> dict:
@@ -209,6 +213,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="default results/gpu_check/<time>")
     parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS,
                         help="run only these (a rerun of one that failed); default all")
+    parser.add_argument("--gemm-models", nargs="+", default=list(GEMM_MODELS), metavar="MODEL",
+                        help="catalogue models whose dense GEMMs are timed (on a GPU); default: "
+                        + " ".join(GEMM_MODELS))
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     device = "cpu" if args.dry_run or not torch.cuda.is_available() else "cuda"
@@ -230,7 +237,7 @@ def main() -> None:
         workload = ["workload=sharegpt", "workload.num_requests=64", "workload.max_output_len=256"]
         lengths = [(11, 6), (1, 5), (23, 3), (5, 1), (17, 9), (8, 4), (300, 40)]
         fp8 = torch.cuda.get_device_capability(0) >= (8, 9)  # FP8 tensor cores: Ada, Hopper and later
-        gemms = dict(models=["llama-3.1-8b", "llama-3.1-70b"], formats=["bf16", "fp8"] if fp8 else ["bf16"],
+        gemms = dict(models=args.gemm_models, formats=["bf16", "fp8"] if fp8 else ["bf16"],
                      tokens=[16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192], reps=20)
     summary = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (dry run)",
                "torch": torch.__version__, "hardware_entry": hardware, "seconds": {}}

@@ -1,5 +1,6 @@
 """The simulator: cost models, the same schedule as the real runner, clusters, and whole simulated runs."""
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from harness.core.engine import Engine
 from harness.core.replay import replay
 from harness.core.replica import build_replica
 from harness.job import run_job
+from harness.model_spec import described_model
 from harness.real.runner import RealRunner
 from harness.run_parts import CPU_NUM_BLOCKS
 from harness.sim.costmodel import CalibratedCostModel, RooflineCostModel, StepShape
@@ -119,6 +121,29 @@ def test_the_dense_gemms_a_gpu_check_measures_are_the_step_less_its_attention():
     assert model.dense_gemm_s(prefill) == pytest.approx(model.gemm_flops(prefill)[0] / h100.peak_flops)
     assert model.predict(prefill) == pytest.approx(model.dense_gemm_s(prefill) + model.attention_flops(prefill)
                                                    / h100.peak_flops)
+
+
+def test_each_dense_gemm_adds_the_gpus_fixed_time_and_tensor_parallelism_does_not_split_it():
+    """`Hardware.gemm_fixed_s`: a decode step of Llama-3.1-8B on the H200 (its file's 4,130 GB/s and 3.9 µs, measured
+    by the GPU check) runs 129 GEMMs, four a layer and the LM head, each with its fixed time on every GPU of a TP
+    group, for an engine that takes the GPU's measured stream; a GPU whose file measured none adds nothing."""
+    llama = Architecture.from_config(described_model("llama-3.1-8b"), 2)
+    assert llama.num_dense_gemms == 4 * 32 + 1
+    # DeepSeek-V3: MLA's five a layer, three dense MLP layers' two, 58 MoE layers' router and shared expert, the head
+    assert Architecture.from_config(described_model("deepseek-v3"), 2).num_dense_gemms == 61 * 5 + 3 * 2 + 58 * 3 + 1
+    h200 = get_hardware("h200")
+    assert (h200.gemm_fixed_s, h200.stream_bandwidth) == (pytest.approx(3.9e-6), pytest.approx(4.13e12))
+    decode = StepShape(False, 16, 16, 16, 16, 16, 16)
+    for n in (1, 2):
+        engine = dataclasses.replace(bare_engine(1.0), stream_bandwidth_cap=True)
+        fixed = RooflineCostModel(llama, h200, engine, tensor_parallel=n).dense_gemm_s(decode)
+        unmeasured = dataclasses.replace(h200, gemm_fixed_s=0.0)
+        assert fixed - RooflineCostModel(llama, unmeasured, engine, tensor_parallel=n).dense_gemm_s(decode) == \
+            pytest.approx(129 * 3.9e-6)
+    assert get_hardware("h100").gemm_fixed_s == 0.0
+    # An engine fitted with each GPU's shortfall in its own share (`vllm-0.5`) takes neither measured figure.
+    assert RooflineCostModel(llama, h200, bare_engine(1.0)).dense_gemm_s(decode) == \
+        RooflineCostModel(llama, dataclasses.replace(h200, gemm_fixed_s=0.0), bare_engine(1.0)).dense_gemm_s(decode)
 
 
 @pytest.mark.parametrize("strategy,options", [("static", dict(batch_size=3)), ("dynamic", dict(batch_size=3)),

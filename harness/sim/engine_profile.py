@@ -129,7 +129,8 @@ class EngineProfile:
     # Ada) where its kernels reach another share of the class's figure than on Hopper; None: `compute_scale`.
     fa2_compute_scale: float | None = None
     # Whether its kernels stream memory no faster than the GPU was measured to where the hardware file says
-    # (`Hardware.stream_bandwidth`): its `memory_efficiency` was measured on a Hopper GPU, which streams at that share
+    # (`Hardware.stream_bandwidth`), each dense GEMM taking the GPU's measured fixed time beside
+    # (`Hardware.gemm_fixed_s`): its `memory_efficiency` was measured on a Hopper GPU, which streams at that share
     # of its datasheet. False: a share fitted with each GPU's own shortfall in it (`vllm-0.5`).
     stream_bandwidth_cap: bool = False
     held: tuple[str, ...] = ()  # figures a fit keeps (`EngineSpec.held`: measured elsewhere)

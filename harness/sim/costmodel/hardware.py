@@ -49,6 +49,10 @@ class HardwareSpec(Strict):
     # The bandwidth a kernel streaming weights was measured to reach on this GPU, where that falls short of the
     # datasheet's by more than an engine's share of it allows (`EngineProfile.stream_bandwidth_cap`).
     stream_bandwidth_gbps: Annotated[float, Field(gt=0)] | None = None
+    # A fixed time each GEMM kernel takes beyond its weights' stream, in a CUDA graph, where measured: why a small
+    # model's decode step streams at less of the bandwidth (`python -m harness.gpu_check --sections dense_gemms`
+    # fits both figures on seven models' decode steps).
+    gemm_fixed_us: Annotated[float, Field(ge=0)] = 0.0
     # Share of peak FLOP/s a serving engine reaches on this GPU class, where measured runs say; else the default.
     compute_efficiency: Annotated[float, Field(gt=0, le=1)] = DEFAULT_COMPUTE_EFFICIENCY
     # FlashAttention's measured forward rate on this GPU (BF16, causal, head dim 128), TFLOP/s by sequence length,
@@ -100,6 +104,7 @@ class Hardware:
     flash_attention_rates: tuple[tuple[int, float], ...] = ()  # (causal sequence length, FLOP/s), ascending
     attention_query_tile: int = 0  # FlashAttention-2's query rows per tile on this GPU; 0: none given
     stream_bandwidth: float | None = None  # bytes/s a weight-streaming kernel was measured at; None: none given
+    gemm_fixed_s: float = 0.0  # each dense GEMM's fixed time beyond its stream (HardwareSpec's); 0: none measured
 
     @classmethod
     def from_spec(cls, spec: HardwareSpec) -> "Hardware":
@@ -111,7 +116,8 @@ class Hardware:
                    flash_attention_rates=tuple(sorted((length, tflops * 1e12) for length, tflops
                                                       in (spec.flash_attention_tflops or {}).items())),
                    attention_query_tile=spec.flash_attention_query_tile or 0,
-                   stream_bandwidth=spec.stream_bandwidth_gbps and spec.stream_bandwidth_gbps * GB)
+                   stream_bandwidth=spec.stream_bandwidth_gbps and spec.stream_bandwidth_gbps * GB,
+                   gemm_fixed_s=spec.gemm_fixed_us * 1e-6)
 
     def attention_share(self, mean_keys):
         """The share of peak FLOP/s attention reaches when each query reads `mean_keys` keys on average (arrays too):

@@ -5,6 +5,8 @@ kernels between them (`Architecture.activation_bytes_per_token`), on each GPU's 
 
     time = max(dense GEMM FLOPs / (GEMM peak * compute eff.), dense weight bytes / (bandwidth * memory eff.))
            (a smooth norm of the two instead where the engine says so: `GEMM_KNEE_POWER`)
+           + dense GEMMs * the GPU's fixed time per GEMM, where measured (`Hardware.gemm_fixed_s`; for the engines
+             that take its measured stream rate)
          + max(expert GEMM FLOPs / (GEMM peak * compute eff. * MoE share), expert weight bytes / (...))
          + max(attention FLOPs / (BF16 peak * attention eff.), KV bytes / (bandwidth * memory eff.))
          + tokens * activation bytes per token / (bandwidth * memory eff.)   (engines with `activation_traffic`:
@@ -118,6 +120,11 @@ class RooflineCostModel:
         self._dense_params = arch.active_layer_params - self._routed_params
         self._dense_bytes = arch.dense_weight_bytes_read()
         self._dense_peak = hardware.gemm_peak(arch.weight_format_bytes)
+        # Every GPU runs each dense GEMM on its slice: the fixed time per kernel does not split. Measured with the
+        # GPU's stream rate, it goes with it (an engine fitted with each GPU's shortfall in its own share takes
+        # neither).
+        gemm_fixed_s = hardware.gemm_fixed_s if engine.stream_bandwidth_cap else 0.0
+        self._dense_fixed_s = arch.num_dense_gemms * gemm_fixed_s
         self._dense_widened = hardware.widens(arch.weight_format_bytes)
         self._expert_bytes = arch.num_moe_layers * arch.expert_params * arch.expert_format_bytes
         self._prefill_pair_flops = arch.attention_flops_per_pair(decode=False)
@@ -256,7 +263,8 @@ class RooflineCostModel:
         gemm_peak = self._dense_peak * (self.compute_efficiency * n)
         if self._dense_widened:  # a mixed-precision kernel: a falling share of the BF16 peak as the tokens grow
             gemm_peak = gemm_peak * widened_gemm_share(shape.num_tokens)
-        return self._gemm_seconds(dense_flops / gemm_peak, self._dense_bytes / n / self._bandwidth)
+        streamed = self._gemm_seconds(dense_flops / gemm_peak, self._dense_bytes / n / self._bandwidth)
+        return streamed + self._dense_fixed_s
 
     def _seconds(self, shape: StepShape):
         a, n = self.arch, self.tensor_parallel
