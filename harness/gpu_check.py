@@ -306,10 +306,21 @@ def _markdown(summary: dict) -> str:
             _table(gemms["streaming"], floatfmt=".4g"), ""]
         if gemms.get("decode_fit"):
             parts += ["The models' decode steps as one stream rate and a fixed time per GEMM:", "",
-                      _table(gemms["decode_fit"], floatfmt=".4g"), ""]
+                      _table(gemms["decode_fit"], floatfmt=".4g"), "", *_hardware_lines(summary), ""]
     if "strategies" in summary:
         parts += ["## Strategies, real beside simulated", "", _table(summary["strategies"], floatfmt=".4g"), ""]
     return "\n".join(parts)
+
+
+def _hardware_lines(summary: dict) -> list[str]:
+    """The BF16 fit as the two lines of a hardware file that hold it (`HardwareSpec.stream_bandwidth_gbps`,
+    `gemm_fixed_us`), for this GPU's catalogue entry."""
+    bf16 = next((fit for fit in summary["dense_gemms"]["decode_fit"] if fit["format"] == "bf16"), None)
+    if bf16 is None:
+        return []
+    return [f"For `conf/hardware/{summary['hardware_entry']}.yaml` (BF16, {bf16['models']} models):", "", "```yaml",
+            f"stream_bandwidth_gbps: {1e3 * bf16['stream_tb_s']:.0f}", f"gemm_fixed_us: {bf16['per_gemm_us']:.1f}",
+            "```"]
 
 
 if __name__ == "__main__":

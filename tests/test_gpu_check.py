@@ -9,7 +9,7 @@ import torch
 
 from harness.core.records import RunRecords
 from harness.dense_gemms import decode_fits, stream_and_fixed_time
-from harness.gpu_check import BF16_NEAR_TIE, _compare
+from harness.gpu_check import BF16_NEAR_TIE, _compare, _markdown
 from strategies import Request
 from tests.conftest import ROOT
 
@@ -74,3 +74,6 @@ def test_decode_steps_of_several_models_give_one_stream_rate_and_a_fixed_time_pe
     assert fits[0]["stream_tb_s"] == pytest.approx(3.0) and fits[0]["share_of_datasheet"] == pytest.approx(0.75)
     assert fits[0]["per_gemm_us"] == pytest.approx(5.0)
     assert decode_fits(rows[:1], bandwidth=4e12) == []
+    summary = {"device": "a GPU", "torch": "2.11", "hardware_entry": "h200", "seconds": {},
+               "dense_gemms": {"step": rows, "streaming": [], "decode_fit": fits}}
+    assert "```yaml\nstream_bandwidth_gbps: 3000\ngemm_fixed_us: 5.0\n```" in _markdown(summary)
