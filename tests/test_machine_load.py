@@ -24,6 +24,9 @@ from harness.machine_load import (
 )
 from tests.conftest import ROOT
 
+# They read the machine's CPU time: beside another test worker every run would be busy.
+pytestmark = pytest.mark.alone
+
 # A small real run: 6 requests decoding together give a score of steps of one shape.
 SMALL_REAL_RUN = ["workload=synthetic", "workload.num_requests=6", "workload.prompt={dist: fixed, value: 16}",
                   "workload.output={dist: fixed, value: 24}", "progress=false"]
