@@ -134,16 +134,16 @@ def test_each_dense_gemm_adds_the_gpus_fixed_time_and_tensor_parallelism_does_no
     h200 = get_hardware("h200")
     assert (h200.gemm_fixed_s, h200.stream_bandwidth) == (pytest.approx(3.9e-6), pytest.approx(4.13e12))
     decode = StepShape(False, 16, 16, 16, 16, 16, 16)
+    capped = dataclasses.replace(bare_engine(1.0), stream_bandwidth_cap=True)
+    unmeasured = dataclasses.replace(h200, gemm_fixed_s=0.0)
     for n in (1, 2):
-        engine = dataclasses.replace(bare_engine(1.0), stream_bandwidth_cap=True)
-        fixed = RooflineCostModel(llama, h200, engine, tensor_parallel=n).dense_gemm_s(decode)
-        unmeasured = dataclasses.replace(h200, gemm_fixed_s=0.0)
-        assert fixed - RooflineCostModel(llama, unmeasured, engine, tensor_parallel=n).dense_gemm_s(decode) == \
+        fixed = RooflineCostModel(llama, h200, capped, tensor_parallel=n).dense_gemm_s(decode)
+        assert fixed - RooflineCostModel(llama, unmeasured, capped, tensor_parallel=n).dense_gemm_s(decode) == \
             pytest.approx(129 * 3.9e-6)
     assert get_hardware("h100").gemm_fixed_s == 0.0
     # An engine fitted with each GPU's shortfall in its own share (`vllm-0.5`) takes neither measured figure.
     assert RooflineCostModel(llama, h200, bare_engine(1.0)).dense_gemm_s(decode) == \
-        RooflineCostModel(llama, dataclasses.replace(h200, gemm_fixed_s=0.0), bare_engine(1.0)).dense_gemm_s(decode)
+        RooflineCostModel(llama, unmeasured, bare_engine(1.0)).dense_gemm_s(decode)
 
 
 @pytest.mark.parametrize("strategy,options", [("static", dict(batch_size=3)), ("dynamic", dict(batch_size=3)),
