@@ -87,22 +87,21 @@ def measure(model_cfg, runner_cfg, device: str, formats: list[str], tokens: list
     """Per format and token count: the step's dense GEMMs measured here, the roofline's time for them with
     `runner_cfg`'s hardware and engine, and the measured rate as a share of the format's datasheet peak."""
     config = read_model_config(model_cfg)
-    lm_head = (config["vocab_size"], config["hidden_size"])
+    layer, lm_head = layer_weights(config), (config["vocab_size"], config["hidden_size"])
     rows = []
     for weight_format in formats:
         arch = Architecture.from_config(config, DTYPE_BYTES["bfloat16"], weight_format)
         roofline = build_cost_model(runner_cfg, arch)
         peak = roofline.hardware.peak_flops if weight_format == "bf16" else roofline.hardware.fp8_flops
-        layer_bytes = sum(out * inp for out, inp in layer_weights(config)) * FORMAT_BYTES[weight_format]
+        layer_bytes = sum(out * inp for out, inp in layer) * FORMAT_BYTES[weight_format]
         # A small model's layer fits in L2: cycle through copies so each pass reads its weights from memory, as a
         # forward pass over all its layers does. On a CPU (the dry run) one copy.
         copies = max(1, math.ceil(STREAMED_BYTES / layer_bytes)) if device == "cuda" else 1
         for t in tokens:
-            layer_gemms = [_gemm(weight_format, shape, t, device) for _ in range(copies)
-                           for shape in layer_weights(config)]
-            layer = _seconds(layer_gemms, reps, device) / copies
-            head = _seconds([_gemm("bf16", lm_head, t, device)], reps, device)  # engines keep the LM head in BF16
-            measured = config["num_hidden_layers"] * layer + head
+            layer_gemms = [_gemm(weight_format, shape, t, device) for _ in range(copies) for shape in layer]
+            layer_s = _seconds(layer_gemms, reps, device) / copies
+            head_s = _seconds([_gemm("bf16", lm_head, t, device)], reps, device)  # engines keep the LM head in BF16
+            measured = config["num_hidden_layers"] * layer_s + head_s
             shape = decode_shape(t)
             flops = roofline.gemm_flops(shape)[0]
             predicted = float(roofline.dense_gemm_s(shape))
