@@ -34,7 +34,7 @@ class RequestStatus(enum.IntEnum):
         return self.name.lower()
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # slots: a million of them, read at every step, stay small
 class Request:
     """One request inside an engine. Written by the engine alone (see the module docstring)."""
 

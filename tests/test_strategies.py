@@ -1,6 +1,7 @@
 """Scheduling invariants, checked without a model: padding accounting, budgets, preemption, no leaks."""
 
 from collections import deque
+from dataclasses import fields
 
 import pytest
 
@@ -129,8 +130,8 @@ def test_idle_engine_jumps_to_the_next_arrival():
 
 def snapshot(queues):
     """Every field of every request in the queues, and the queues' order."""
-    return [[(id(r), {k: (list(v) if isinstance(v, list) else v) for k, v in vars(r).items()}) for r in q]
-            for q in queues]
+    return [[(id(r), {f.name: (list(v) if isinstance(v := getattr(r, f.name), list) else v) for f in fields(r)})
+             for r in q] for q in queues]
 
 
 @pytest.mark.parametrize("strategy,options,scheduler", [

@@ -88,10 +88,9 @@ def build_workload(cfg, vocab_size: int, hf_tokenizer=None, max_model_len: int |
     else:
         prompts = [()] * len(chosen)
     requests = [
-        RequestSpec(request_id=k, arrival_s=t, prompt_ids=ids, max_new_tokens=m, prompt_len=p + len(system),
-                    prefix_pieces=pp)
+        RequestSpec(request_id=k, arrival_s=t, prompt_ids=ids, max_new_tokens=m, prompt_len=p, prefix_pieces=pp)
         for k, (t, ids, m, p, pp) in enumerate(zip(arrivals.tolist(), prompts, output_lens.tolist(),
-                                                   prompt_lens.tolist(), pieces))
+                                                   (prompt_lens + len(system)).tolist(), pieces))
     ]
     return Workload(name=cfg.name, requests=requests, info=info)
 

@@ -35,7 +35,7 @@ def fits_context(prompt_len, max_new_tokens, max_model_len: int):
     return prompt_len + max_new_tokens <= max_model_len
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a million of them stay small
 class RequestSpec:
     """A request as the workload wants it sent. `prompt_len` defaults to the ids' length; a request the model can
     never serve (longer than its context) carries its length without ids, which are never built for it."""

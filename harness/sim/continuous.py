@@ -36,22 +36,7 @@ class SimContinuous(SimEngine):
         step = len(self.records.steps)
         budget = self.strategy.max_batch_tokens
         preempted: list[Request] = []
-        crossing = self.decoders.crossing(step)
-        if len(crossing) <= self.allocator.num_free_blocks:  # a block each, whatever the order
-            for request in crossing:
-                self.held[request.request_id] += 1
-            self.allocator.take(len(crossing))
-            crossing = []
-        for request in sorted(crossing, key=lambda r: self._admitted_as[r.request_id]):
-            if request.request_id not in self.running:
-                continue  # preempted by an older request in this step
-            while self.allocator.num_free_blocks < 1:
-                victim, _ = self._preempt_newest(step)
-                preempted.append(victim)
-                if victim is request:
-                    break
-            else:
-                self._hold(request, 1)
+        self._hold_crossing(step, preempted)
         budget -= len(self.decoders)
 
         chunks: list[tuple[Request, int, int]] = []  # (request, first token, tokens)
@@ -111,16 +96,43 @@ class SimContinuous(SimEngine):
             self._release(request)
             self._finish(request, end_s)
         self._apply_chunks(chunks, self.prefilling, end_s, lambda request: self._join_decoders(request, step + 1))
-        self._decode_stretch(arrivals)
+
+    def _hold_crossing(self, step: int, preempted: list[Request]) -> None:
+        """The decoders at a block boundary take a block each, in admission order; one that finds none preempts the
+        newest running request until it gets one or is itself the newest (`preempted` gets the victims). The
+        requests served from the free blocks between preemptions take theirs at once: a victim is always newer than
+        the requests already served, so it is the schedule of one block at a time."""
+        crossing = self.decoders.crossing(step)
+        allocator, held = self.allocator, self.held
+        if len(crossing) > allocator.num_free_blocks:  # some will preempt: the order matters
+            crossing.sort(key=lambda r: self._admitted_as[r.request_id])
+        served = 0
+        while True:
+            serving = crossing[served:served + allocator.num_free_blocks]
+            for request in serving:
+                held[request.request_id] += 1
+            allocator.take(len(serving))
+            served += len(serving)
+            if served == len(crossing):
+                return
+            request = crossing[served]  # no block left for it
+            while allocator.num_free_blocks < 1:
+                victim, _ = self._preempt_newest(step)
+                preempted.append(victim)
+                if victim is request:
+                    return  # it was the newest: those after it went before it
+            while crossing[-1].request_id not in self.running:  # victims are the newest: the last to ask
+                crossing.pop()
 
     def _decode_stretch(self, arrivals: Arrivals | None) -> bool:
         """The decode-only steps from here, up to the next finish or the first a decoder's block would not fit, if
         they are several; returns whether they ran."""
-        if self.prefilling or self._late_first_decode or not self._may_run(arrivals):
+        if self.prefilling or self._late_first_decode or not self.decoders:
             return False
         step = len(self.records.steps)
         num_steps = self.decoders.next_finish() - step + 1
-        if num_steps < MIN_RUN_STEPS:
+        # The next finish first: at a high load one is often a step or two away, and it is cheaper to find.
+        if num_steps < MIN_RUN_STEPS or not self._may_run(arrivals):
             return False
         steps = step + np.arange(num_steps)  # [N]
         phases = np.array(self.decoders.phase_sizes())

@@ -26,7 +26,9 @@ class DecodeSet:
         self._by_phase: list[dict[int, Request]] = [{} for _ in range(block_size)]
         self._finishing: dict[int, dict[int, Request]] = defaultdict(dict)  # step → members done after it
         self._finish_steps: list[int] = []  # min-heap of the keys of `_finishing`, stale ones skipped
-        self._longest: list[tuple[int, int]] = []  # max-heap of (-base, request_id), stale entries skipped
+        # Max-heap of (-base, request_id), stale entries skipped; built when first asked for (padded batching asks,
+        # continuous batching never does) and rebuilt when mostly stale.
+        self._longest: list[tuple[int, int]] | None = None
         # The members' full blocks once step `_full_step` has run, kept as they join and leave and moved on by
         # `num_full_blocks`: a member fills a block every block_size steps, at the steps its residue says.
         self._full_blocks = 0
@@ -51,7 +53,11 @@ class DecodeSet:
         if last not in self._finishing:
             heapq.heappush(self._finish_steps, last)
         self._finishing[last][rid] = request
-        heapq.heappush(self._longest, (-base, rid))
+        if self._longest is not None:
+            if len(self._longest) > 2 * len(self.base):
+                self._longest = None
+            else:
+                heapq.heappush(self._longest, (-base, rid))
 
     def leave(self, request: Request, step: int) -> int:
         """Remove `request` before `step` runs; returns its computed tokens then."""
@@ -119,6 +125,9 @@ class DecodeSet:
 
     def longest_row(self, step: int) -> int:
         """Keys of the longest member's row at `step` (0 with no member)."""
+        if self._longest is None:
+            self._longest = [(-base, rid) for rid, base in self.base.items()]
+            heapq.heapify(self._longest)
         heap = self._longest
         while heap and self.base.get(heap[0][1]) != -heap[0][0]:
             heapq.heappop(heap)

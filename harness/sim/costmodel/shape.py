@@ -5,7 +5,8 @@ from dataclasses import dataclass
 from strategies import BatchPlan
 
 
-@dataclass(frozen=True)
+# Not frozen: a replay builds one a step, and a frozen dataclass's __init__ costs some four times a plain one's.
+@dataclass(slots=True)
 class StepShape:
     padded: bool
     num_tokens: int  # token slots the model computes, padding included
