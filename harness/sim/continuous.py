@@ -31,6 +31,8 @@ class SimContinuous(SimEngine):
                 and strategy.max_num_seqs <= strategy.max_batch_tokens)
 
     def step(self, arrivals: Arrivals | None = None) -> None:
+        # Looked for here only: between a step's end and the next one's start the replay loop only hands over the
+        # requests that arrived, which the look must see (a look at the end too found nothing more, and cost 5%).
         if self._decode_stretch(arrivals):
             return
         step = len(self.records.steps)
