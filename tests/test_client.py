@@ -239,6 +239,18 @@ def test_ttft_counts_from_the_send_so_a_closed_loop_run_shows_no_queueing_second
     assert 0.15 < waves["ttft_s_p50"] < 0.4
 
 
+def test_the_client_sends_in_arrival_order_whatever_the_workloads_order_with_released_turns_among_them():
+    late, first, reply, middle = make_specs([(4, 2)] * 4, arrivals=[5.0, 0.0, 0.0, 3.0])
+    reply = dataclasses.replace(reply, follows=first.request_id, think_s=1.0)
+    client = Client([late, first, reply, middle])
+    assert client.send() == (first, 0.0)
+    client.complete(first.request_id, 0.5)  # its reply is due at 1.5 s: before the others
+    sent = [client.send() for _ in range(3)]
+    assert [(spec.request_id, sent_s) for spec, sent_s in sent] == [(reply.request_id, 1.5), (middle.request_id, 3.0),
+                                                                    (late.request_id, 5.0)]
+    assert not client.has_pending and client.next_delivery_s == math.inf
+
+
 def test_a_conversations_next_turn_is_sent_its_think_time_after_the_last_answer():
     base = make_specs([(6, 3), (10, 2), (3000, 2), (14, 2), (6, 4)])  # turn 2 is longer than the context
     follows = [None, 0, 1, 2, None]
