@@ -45,14 +45,16 @@ class StepLog:
             column.append(row[name])
 
     def extend(self, **columns) -> None:
-        """Steps given column by column (numpy arrays of one length, or scalars repeated over it)."""
-        n = max(np.size(v) for v in columns.values())
+        """Steps given column by column (numpy arrays of one length, or scalars repeated over it). A low load's
+        stretches are a few steps each, many of them: scalars build no array, and no numpy function is called on
+        one (each costs a microsecond)."""
+        n = max((len(v) for v in columns.values() if _is_array(v)), default=1)
         for name, column in self._columns.items():
             values = columns[name]
-            if np.ndim(values) == 0:  # a scalar repeated: no array built (a low load's stretches are a few steps)
-                column.extend(array(column.typecode, (values,)) * n)
-            else:
+            if _is_array(values):
                 column.frombytes(np.ascontiguousarray(values, dtype=_DTYPES[STEP_COLUMNS[name]]).tobytes())
+            else:
+                column.extend(array(column.typecode, (values,)) * n)
 
     def column(self, name: str) -> np.ndarray:
         """A read-only view of one column."""
@@ -60,6 +62,10 @@ class StepLog:
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame({name: self.column(name).copy() for name in self._columns})
+
+
+def _is_array(values) -> bool:
+    return type(values) is np.ndarray and values.ndim > 0
 
 
 @dataclass

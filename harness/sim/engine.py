@@ -250,11 +250,13 @@ class SimEngine(Engine):
             if arrivals.next_s <= self.clock or self._may_admit():
                 n = k  # it is for the replay loop, or step k admits it: stop before step k
                 break
+        if isinstance(kv_used_blocks, np.ndarray):
+            kv_used_blocks = kv_used_blocks[:n]
         self.records.steps.extend(
             step=np.arange(step, step + n), start_s=starts[:n], duration_s=duration[:n], busy_s=busy[:n],
             num_prefill_tokens=0, num_decode_tokens=num_decode, num_padding_tokens=num_padding,
             num_rows=num_decode + num_padding, row_width=row_width, num_preempted=0, num_waiting=waiting[:n],
-            num_seqs=num_decode, kv_used_blocks=np.broadcast_to(kv_used_blocks, len(busy))[:n], num_lookup_tokens=0,
+            num_seqs=num_decode, kv_used_blocks=kv_used_blocks, num_lookup_tokens=0,
             num_cached_tokens=0, kv_cached_blocks=kv_cached_blocks(n))
         self.records.gaps_per_step.extend([num_decode] * n)
         self.num_output_tokens += num_decode * n
