@@ -65,7 +65,7 @@ class StepLog:
 
 
 def _is_array(values) -> bool:
-    return type(values) is np.ndarray and values.ndim > 0
+    return isinstance(values, np.ndarray) and values.ndim > 0
 
 
 @dataclass
