@@ -10,12 +10,18 @@ It covers the attention and expert layouts of 2026's open models:
   attention's output (Qwen3-Next, Qwen3.5: `attn_output_gate`, the query projection twice as wide), and linear-attention
   layers mixed with full ones (Gated DeltaNet in Qwen3-Next and Qwen3.5: `layer_types` of `linear_attention`, or every
   layer but each `full_attention_interval`-th), which keep a fixed-size state per sequence instead of a cache that
-  grows with it;
-- the MLP: dense, or a mixture of experts — `num_experts` (Mixtral's `num_local_experts`, DeepSeek's
-  `n_routed_experts`) of `moe_intermediate_size` (Mixtral and gpt-oss: `intermediate_size`), `experts_per_token`
-  chosen per token, shared experts every token uses (DeepSeek's `n_shared_experts` of the routed width, Qwen's one
-  of `shared_expert_intermediate_size`, Llama 4's one), and `num_dense_layers` layers with a dense MLP
-  (DeepSeek's leading `first_k_dense_replace`, the layers Llama 4's `moe_layers` leaves out);
+  grows with it; and Gemma 4's heterogeneous layers: full-attention layers with heads of their own size and number
+  (`global_head_dim`, `num_global_key_value_heads`), whose values may be their keys' projection (`attention_k_eq_v`),
+  trailing layers that attend over an earlier layer's cache instead of keeping one (`num_kv_shared_layers`, their MLP
+  twice as wide under `use_double_wide_mlp`), and per-layer input embeddings (`hidden_size_per_layer_input`: a
+  table looked up per token, a projection into every layer and a small gated one in each);
+- the MLP: dense and gated (gate, up and down, as Llama's and nearly every model's since), dense with only up and
+  down (GPT-NeoX, Phi-2, StarCoder2: `UNGATED_MLP_MODEL_TYPES`), or a mixture of experts — `num_experts` (Mixtral's
+  `num_local_experts`, DeepSeek's `n_routed_experts`, ERNIE 4.5's `moe_num_experts`) of `moe_intermediate_size`
+  (Mixtral and gpt-oss: `intermediate_size`), `experts_per_token` chosen per token, shared experts every token uses
+  (DeepSeek's `n_shared_experts` and ERNIE's `moe_num_shared_experts` of the routed width, Qwen's one of
+  `shared_expert_intermediate_size`, Llama 4's one), and `num_dense_layers` layers with a dense MLP (DeepSeek's
+  leading `first_k_dense_replace`, the layers Llama 4's `moe_layers` or ERNIE's `moe_layer_*` leave out);
 - the number formats: the layers' linear weights in bf16, fp8 or fp4 (`model.quantization`; embeddings and the LM
   head stay in the compute dtype, as FP8 and FP4 checkpoints keep them), the KV cache in its own (`kv_cache.dtype`).
 """
@@ -30,6 +36,13 @@ from harness.model_spec import DTYPE_BYTES
 FORMAT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 4.25 / 8}
 QUANTIZATIONS = ("auto", "bf16", "fp8", "fp4")  # model.quantization; auto: the checkpoint's own (its catalogue entry)
 KV_DTYPES = ("auto", "bf16", "fp8")  # kv_cache.dtype; auto: the compute dtype
+# Model types whose dense MLP is two matrices, up and down, with the activation between (`fc1`/`fc2`, `c_fc`/`c_proj`,
+# `dense_h_to_4h`/`dense_4h_to_h` in transformers' modeling code): their configs do not say so.
+UNGATED_MLP_MODEL_TYPES = frozenset({"gpt_neox", "gpt_neox_japanese", "phi", "starcoder2", "persimmon", "fuyu", "jais2",
+                                     "nanochat", "arcee", "apertus", "apertus1p5", "apertus1p5_text"})
+# Model types whose every attention layer gates its output through a second half of the query projection, which
+# transformers' modeling code always builds (Qwen3-Next's and Qwen3.5's configs need not say `attn_output_gate`).
+GATED_ATTENTION_MODEL_TYPES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"})
 
 
 def config_value(config, key: str, default=None):
@@ -42,7 +55,7 @@ def config_value(config, key: str, default=None):
 class Architecture:
     num_layers: int
     hidden_size: int
-    intermediate_size: int  # a dense layer's MLP width
+    intermediate_size: int  # a dense layer's MLP width (0 in a mixture whose every layer has experts)
     num_heads: int
     num_kv_heads: int
     head_dim: int
@@ -52,6 +65,7 @@ class Architecture:
     weight_bytes_per_param: float | None = None  # the layers' linear weights; None: the compute dtype's
     expert_bytes_per_param: float | None = None  # the routed experts'; None: as the other layer weights
     kv_bytes_per_element: float | None = None  # the KV cache's; None: the compute dtype's
+    gated_mlp: bool = True  # a dense MLP of gate, up and down; False: up and down only
     # A mixture of experts; 0 experts: a dense MLP in every layer.
     num_experts: int = 0
     experts_per_token: int = 0
@@ -79,16 +93,33 @@ class Architecture:
     linear_value_head_dim: int = 0
     linear_conv_kernel: int = 0
     linear_state_bytes_per_element: float | None = None
+    # Gemma 4: the full-attention layers' own head size and KV heads (0: as the others'), their values computed by
+    # the key projection; layers reading an earlier layer's cache (no K and V projections, no cache of their own), of
+    # each kind; layers whose MLP is twice `intermediate_size`; and the per-layer inputs' width and vocabulary.
+    full_head_dim: int = 0
+    full_kv_heads: int = 0
+    full_values_are_keys: bool = False
+    full_layers_reusing_kv: int = 0
+    sliding_layers_reusing_kv: int = 0
+    double_wide_mlp_layers: int = 0
+    per_layer_input_width: int = 0
+    per_layer_input_vocab: int = 0
 
     @classmethod
     def from_config(cls, config, bytes_per_param: float, quantization: str | None = None,
                     kv_dtype: str | None = None) -> "Architecture":
         """From a config mapping or object; `quantization` and `kv_dtype` name formats of `FORMAT_BYTES` (None or
         `auto`: the compute dtype)."""
+        if hasattr(config, "to_dict"):  # a loaded model's config object: its file's fields, as a mapping is read
+            config = config.to_dict()
+        check_layout(config)
         num_heads = config_value(config, "num_attention_heads")
         hidden = config_value(config, "hidden_size")
         experts = config_value(config, "num_local_experts", config_value(config, "num_experts", config_value(
-            config, "n_routed_experts", 0))) or 0
+            config, "n_routed_experts", config_value(config, "moe_num_experts", 0)))) or 0
+        # Doge names its experts' count in its dense variants too; Gemma 4 in its dense ones.
+        if config_value(config, "is_moe") is False or config_value(config, "enable_moe_block") is False:
+            experts = 0
         layer_types = config_value(config, "layer_types", []) or []
         # Llama 4's chunked layers attend within their 8,192-token chunk: counted as a window that long (at most the
         # same keys, which is all its cache keeps).
@@ -97,11 +128,17 @@ class Architecture:
         num_layers = config_value(config, "num_hidden_layers")
         linear = num_linear_layers(config)
         shared_width = config_value(config, "shared_expert_intermediate_size", 0) if experts else 0
-        llama4 = config_value(config, "model_type", "") in ("llama4", "llama4_text")
+        if experts and config_value(config, "enable_moe_block"):  # Gemma 4 runs its dense MLP beside the experts
+            shared_width = config_value(config, "intermediate_size")
+        model_type = config_value(config, "model_type", "")
+        llama4 = model_type in ("llama4", "llama4_text")
+        # Llama 4 names its dense layers' MLP width apart from its experts' (`intermediate_size`); a mixture whose
+        # every layer has experts may name none (Qwen3.5's).
+        intermediate = config_value(config, "intermediate_size_mlp", config_value(config, "intermediate_size"))
+        if intermediate is None and experts and _num_moe_layers(config, num_layers) == num_layers:
+            intermediate = 0
         return cls(
-            num_layers=num_layers, hidden_size=hidden,
-            # Llama 4 names its dense layers' MLP width apart from its experts' (`intermediate_size`).
-            intermediate_size=config_value(config, "intermediate_size_mlp", config_value(config, "intermediate_size")),
+            num_layers=num_layers, hidden_size=hidden, intermediate_size=intermediate,
             num_heads=num_heads,
             num_kv_heads=config_value(config, "num_key_value_heads", num_heads),
             # Most configs name head_dim only when it differs from hidden_size / heads.
@@ -110,15 +147,17 @@ class Architecture:
             tie_word_embeddings=bool(config_value(config, "tie_word_embeddings", False)),
             **_weight_formats(config, quantization),
             kv_bytes_per_element=_format_bytes(kv_dtype),
+            gated_mlp=model_type not in UNGATED_MLP_MODEL_TYPES,
             num_experts=experts,
             experts_per_token=config_value(config, "num_experts_per_tok", config_value(
-                config, "experts_per_token", 0)) if experts else 0,
+                config, "experts_per_token", config_value(config, "moe_k", config_value(config, "top_k_experts", 0))))
+            if experts else 0,
             # Mixtral's and gpt-oss's experts are `intermediate_size` wide; Qwen's and DeepSeek's have their own.
             expert_intermediate_size=config_value(config, "moe_intermediate_size", config_value(
                 config, "intermediate_size")) if experts else 0,
             # Qwen's one shared expert has a width of its own; Llama 4's, the routed experts' (its config never says).
-            num_shared_experts=(1 if shared_width or llama4 else config_value(config, "n_shared_experts", 0))
-            if experts else 0,
+            num_shared_experts=(1 if shared_width or llama4 else config_value(config, "n_shared_experts", config_value(
+                config, "moe_num_shared_experts", 0))) if experts else 0,
             shared_expert_intermediate_size=shared_width,
             num_dense_layers=num_layers - _num_moe_layers(config, num_layers) if experts else 0,
             kv_lora_rank=config_value(config, "kv_lora_rank", 0), q_lora_rank=config_value(config, "q_lora_rank", 0),
@@ -128,10 +167,9 @@ class Architecture:
             # Only a layer of `sliding_attention` type slides: Mistral's config names a window every layer honours
             # only in its first release, and says so by giving no layer types.
             sliding_window=window if sliding else 0, num_sliding_layers=sliding if window else 0,
-            attention_sinks=config_value(config, "model_type", "") == "gpt_oss",
-            # Qwen3-Next gates every attention layer's output without saying so in its config; Qwen3.5 says so.
+            attention_sinks=model_type == "gpt_oss",
             attention_output_gate=bool(config_value(config, "attn_output_gate",
-                                                    config_value(config, "model_type", "") == "qwen3_next")),
+                                                    model_type in GATED_ATTENTION_MODEL_TYPES)),
             num_linear_layers=linear,
             **({"linear_key_heads": config_value(config, "linear_num_key_heads"),
                 "linear_value_heads": config_value(config, "linear_num_value_heads"),
@@ -140,6 +178,7 @@ class Architecture:
                 "linear_conv_kernel": config_value(config, "linear_conv_kernel_dim"),
                 "linear_state_bytes_per_element": DTYPE_BYTES.get(config_value(config, "mamba_ssm_dtype"))}
                if linear else {}),
+            **_gemma4_layers(config, layer_types),
         )
 
     @property
@@ -167,10 +206,48 @@ class Architecture:
             kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank * heads * (
                 self.qk_nope_head_dim + self.v_head_dim)
             return q + kv + heads * self.v_head_dim * h
-        q_out, kv_out = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return self._attention_params(self.head_dim, self.num_kv_heads, 2)
+
+    @property
+    def full_attention_params(self) -> int:
+        """A full-attention layer's weights, where they differ from the others' (Gemma 4's)."""
+        if not (self.full_head_dim or self.full_kv_heads):
+            return self.attention_params
+        return self._attention_params(self.full_head_dim or self.head_dim, self.full_kv_heads or self.num_kv_heads,
+                                      1 if self.full_values_are_keys else 2)
+
+    def _attention_params(self, head_dim: int, kv_heads: int, kv_projections: int) -> int:
+        q_out, kv_out = self.num_heads * head_dim, kv_heads * head_dim
         sinks = self.num_heads if self.attention_sinks else 0
         gate = q_out if self.attention_output_gate else 0
-        return self.hidden_size * (q_out + gate + 2 * kv_out) + q_out * self.hidden_size + sinks
+        return self.hidden_size * (q_out + gate + kv_projections * kv_out) + q_out * self.hidden_size + sinks
+
+    @property
+    def mixer_params(self) -> int:
+        """Every layer's attention or linear-attention weights; a layer reading another's cache has no K and V
+        projections."""
+        if self.latent_attention or not (self.full_attention_params != self.attention_params
+                                         or self.full_layers_reusing_kv or self.sliding_layers_reusing_kv):
+            return (self.num_layers - self.num_linear_layers) * self.attention_params + \
+                self.num_linear_layers * self.linear_attention_params
+        full_kv = self.full_attention_params - self._attention_params(
+            self.full_head_dim or self.head_dim, self.full_kv_heads or self.num_kv_heads, 0)
+        sliding_kv = self.attention_params - self._attention_params(self.head_dim, self.num_kv_heads, 0)
+        return (self.num_sliding_layers * self.attention_params + self.num_full_layers * self.full_attention_params
+                - self.full_layers_reusing_kv * full_kv - self.sliding_layers_reusing_kv * sliding_kv
+                + self.num_linear_layers * self.linear_attention_params)
+
+    @property
+    def per_layer_input_params(self) -> int:
+        """Gemma 4's per-layer inputs multiplied per token: the hidden state's projection into every layer's input,
+        and in each layer the gate into that width and the projection back (the table they are looked up in, as the
+        input embedding, is read a row per token)."""
+        width = self.per_layer_input_width
+        return self.hidden_size * self.num_layers * width + self.num_layers * 2 * self.hidden_size * width
+
+    @property
+    def per_layer_input_table_params(self) -> int:
+        return self.per_layer_input_vocab * self.num_layers * self.per_layer_input_width
 
     @property
     def linear_key_width(self) -> int:
@@ -207,9 +284,16 @@ class Architecture:
         return self.num_linear_layers * (recurrent + conv)
 
     @property
+    def num_mlp_matrices(self) -> int:
+        """A dense MLP's weight matrices, each hidden x intermediate: gate, up and down, or up and down. It is also the
+        MLP's activations per unit of width that the activation kernel reads and writes (gate and up read, their
+        product written; or up read, its activation written)."""
+        return 3 if self.gated_mlp else 2
+
+    @property
     def mlp_params(self) -> int:
-        """A dense layer's gated MLP (gate, up, down)."""
-        return 3 * self.hidden_size * self.intermediate_size
+        """A dense layer's MLP."""
+        return self.num_mlp_matrices * self.hidden_size * self.intermediate_size
 
     @property
     def expert_params(self) -> int:
@@ -231,12 +315,14 @@ class Architecture:
         (`Hardware.gemm_fixed_s`): a layer's fused QKV and output projections (MLA's five: the fused query and latent
         down-projections, the query up-projection, the two absorbed latent ones and the output; a Gated DeltaNet
         layer's three: two input projections and the output), its fused gate-up and down projections (a mixture's
-        router and, where it has them, its shared experts'), and the LM head."""
+        router and, where it has them, its shared experts'), Gemma 4's per-layer input projections (one into all
+        layers, two in each), and the LM head."""
         attention = 5 if self.latent_attention else 2
         mixers = (self.num_layers - self.num_linear_layers) * attention + 3 * self.num_linear_layers
         moe_layer = 1 + (2 if self.shared_intermediate_size else 0)
         mlps = (self.num_layers - self.num_moe_layers) * 2 + self.num_moe_layers * moe_layer
-        return mixers + mlps + 1
+        per_layer_inputs = 2 * self.num_layers + 1 if self.per_layer_input_width else 0
+        return mixers + mlps + per_layer_inputs + 1
 
     @property
     def num_moe_layers(self) -> int:
@@ -259,9 +345,9 @@ class Architecture:
         dense = self.num_layers - self.num_moe_layers
         moe = self.expert_params * experts_per_moe_layer + 3 * self.hidden_size * self.shared_intermediate_size + \
             self.router_params
-        mixers = (self.num_layers - self.num_linear_layers) * self.attention_params + \
-            self.num_linear_layers * self.linear_attention_params
-        return mixers + dense * self.mlp_params + self.num_moe_layers * moe
+        wide = self.double_wide_mlp_layers * self.num_mlp_matrices * self.hidden_size * self.intermediate_size
+        return self.mixer_params + dense * self.mlp_params + self.num_moe_layers * moe + wide + \
+            self.per_layer_input_params
 
     @property
     def layer_params(self) -> int:
@@ -281,7 +367,8 @@ class Architecture:
     @property
     def num_params(self) -> int:
         """Every parameter, as a model card counts them (embeddings and, unless tied, the LM head included)."""
-        return self.layer_params + (1 if self.tie_word_embeddings else 2) * self.embedding_params
+        return self.layer_params + (1 if self.tie_word_embeddings else 2) * self.embedding_params + \
+            self.per_layer_input_table_params
 
     @property
     def num_active_params(self) -> int:
@@ -292,7 +379,7 @@ class Architecture:
     @property
     def weight_bytes(self) -> float:
         """The weights' memory: the layers in their formats, the embeddings in the compute dtype."""
-        embeddings = (1 if self.tie_word_embeddings else 2) * self.embedding_params
+        embeddings = (1 if self.tie_word_embeddings else 2) * self.embedding_params + self.per_layer_input_table_params
         return self.dense_weight_bytes_read() + self.routed_expert_params * self.expert_format_bytes + (
             embeddings - self.embedding_params) * self.bytes_per_param
 
@@ -321,21 +408,34 @@ class Architecture:
         return 2 * self.num_kv_heads * self.head_dim
 
     @property
+    def full_kv_width(self) -> int:
+        """`kv_width` of a full-attention layer, where its heads differ (Gemma 4's)."""
+        if self.latent_attention or not (self.full_head_dim or self.full_kv_heads):
+            return self.kv_width
+        return 2 * (self.full_kv_heads or self.num_kv_heads) * (self.full_head_dim or self.head_dim)
+
+    @property
     def kv_bytes_per_token(self) -> float:
-        """A token's cache across the layers attending to the whole context. A sliding-window layer keeps at most
-        `sliding_window` tokens of each sequence (vLLM's hybrid cache manager frees the rest), a few MB per
-        sequence whatever its length, which the per-token figure leaves out."""
-        return self.num_full_layers * self.kv_width * self.kv_element_bytes
+        """A token's cache across the layers attending to the whole context that keep one. A sliding-window layer
+        keeps at most `sliding_window` tokens of each sequence (vLLM's hybrid cache manager frees the rest), a few MB
+        per sequence whatever its length, which the per-token figure leaves out."""
+        return (self.num_full_layers - self.full_layers_reusing_kv) * self.full_kv_width * self.kv_element_bytes
+
+    @property
+    def kv_reread_bytes_per_token(self) -> float:
+        """What the full-attention layers reading an earlier layer's cache read of a cached token, beside its owner."""
+        return self.full_layers_reusing_kv * self.full_kv_width * self.kv_element_bytes
 
     def activation_bytes_per_token(self, tensor_parallel: int = 1) -> float:
         """What the memory-bound kernels between a layer's GEMMs read and write per token, each GPU, all layers: two
         residual adds fused with an RMSNorm (each reads the hidden state and the residual and writes both: 8 x
         hidden), rotary embedding on the queries and keys (read and written), the attention's output (written), and
         the gated activation (reads gate and up, writes their product: 3 x the MLP width a token passes through, its
-        routed and shared experts' in a mixture). A Gated DeltaNet layer has no rotary embedding: its convolution
-        reads and writes its queries, keys and values, and its gated norm reads the output and the gate and writes
-        their product. The hidden state is whole on every GPU under tensor parallelism; the heads and the MLP width
-        are split. A GEMM's own activations stay out: a compute-bound GEMM hides them."""
+        routed and shared experts' in a mixture; an ungated MLP's activation reads up and writes the result: 2 x). A
+        Gated DeltaNet layer has no rotary embedding: its convolution reads and writes its queries, keys and values,
+        and its gated norm reads the output and the gate and writes their product. The hidden state is whole on every
+        GPU under tensor parallelism; the heads and the MLP width are split. A GEMM's own activations stay out: a
+        compute-bound GEMM hides them."""
         if self.latent_attention:
             q = self.num_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
             k = self.qk_rope_head_dim  # rotary runs on the latent's rope part
@@ -345,10 +445,11 @@ class Architecture:
             out = q
         dense = self.num_layers - self.num_moe_layers
         moe_width = self.experts_per_token * self.expert_intermediate_size + self.shared_intermediate_size
-        mlp = dense * self.intermediate_size + self.num_moe_layers * moe_width
+        mlp = self.num_mlp_matrices * (dense + self.double_wide_mlp_layers) * self.intermediate_size + \
+            3 * self.num_moe_layers * moe_width
         mixers = (self.num_layers - self.num_linear_layers) * (2 * (q + k) + out) + \
             self.num_linear_layers * (2 * self.linear_conv_width + 3 * self.linear_value_width)
-        split = mixers + 3 * mlp
+        split = mixers + mlp
         return self.bytes_per_param * (self.num_layers * 8 * self.hidden_size + split / tensor_parallel)
 
     def quantized_inputs_per_token(self, tensor_parallel: int = 1) -> tuple[float, float]:
@@ -391,16 +492,97 @@ class Architecture:
         return 2 * self.num_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim)
 
 
+def _gemma4_layers(config, layer_types: list) -> dict:
+    """Gemma 4's layers that differ from the rest: its full-attention layers' heads (`global_head_dim` and, where
+    their values are their keys, `num_global_key_value_heads`: transformers' Gemma4TextConfig keeps both in its
+    `per_layer_config`), the trailing `num_kv_shared_layers` reading an earlier layer's cache, and its per-layer
+    inputs. Empty for any other model."""
+    per_layer = config_value(config, "per_layer_config") or {}
+    full = [overrides for overrides in per_layer.values() if isinstance(overrides, dict)]
+    fields = {}
+    if full:
+        fields["full_head_dim"] = full[0].get("head_dim", 0)
+        fields["full_kv_heads"] = full[0].get("num_key_value_heads", 0)
+        fields["full_values_are_keys"] = bool(config_value(config, "attention_k_eq_v", False))
+    reusing = config_value(config, "num_kv_shared_layers", 0)
+    if reusing and layer_types:
+        tail = layer_types[len(layer_types) - reusing:]
+        fields["full_layers_reusing_kv"] = sum(kind == "full_attention" for kind in tail)
+        fields["sliding_layers_reusing_kv"] = sum(kind == "sliding_attention" for kind in tail)
+        if config_value(config, "use_double_wide_mlp", False):
+            fields["double_wide_mlp_layers"] = reusing
+    if config_value(config, "hidden_size_per_layer_input", 0) and config_value(config, "vocab_size_per_layer_input"):
+        fields["per_layer_input_width"] = config_value(config, "hidden_size_per_layer_input")
+        fields["per_layer_input_vocab"] = config_value(config, "vocab_size_per_layer_input")
+    return fields
+
+
 def _num_moe_layers(config, num_layers: int) -> int:
     """Layers with a mixture of experts: all but DeepSeek's leading dense ones (`first_k_dense_replace`), or those
-    Llama 4 lists (`moe_layers`), or each `interleave_moe_layer_step`-th."""
+    Llama 4 lists (`moe_layers`), or each `interleave_moe_layer_step`-th, or ERNIE 4.5's: each `moe_layer_interval`-th
+    layer (counted from one) from `moe_layer_start_index` to `moe_layer_end_index` (-1: the last)."""
     listed = config_value(config, "moe_layers")
     if listed is not None:
         return len(listed)
     step = config_value(config, "interleave_moe_layer_step", 0)
     if step:
         return num_layers // step
+    start = config_value(config, "moe_layer_start_index")
+    if start is not None:
+        end = config_value(config, "moe_layer_end_index", -1)
+        end = num_layers - 1 if end == -1 else end
+        interval = config_value(config, "moe_layer_interval", 1)
+        return sum((i + 1) % interval == 0 for i in range(start, min(end, num_layers - 1) + 1))
     return num_layers - config_value(config, "first_k_dense_replace", 0)
+
+
+# The kinds of layer `layer_types` may name that the cost model times: attention over the whole context (DeepSeek-V3.2's
+# and GLM-5's `indexed_attention` too: its indexer picks the keys each query reads, which the roofline counts as all of
+# them), within a window or a chunk, and Gated DeltaNet.
+MODELED_LAYER_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "indexed_attention",
+                                 "linear_attention"})
+# Keys that say a config mixes in state-space (Mamba) or short-convolution layers, whose scan, state and cost the cost
+# model does not have: Jamba, Zamba, Bamba, Falcon-H1, Granite 4.0's hybrids, Nemotron-H, LFM2, RecurrentGemma, Mamba.
+RECURRENT_LAYER_KEYS = ("mamba_d_state", "ssm_state_size", "state_size", "layers_block_type", "block_types",
+                        "conv_L_cache", "attn_layer_period", "attn_layer_indices")
+# Gated DeltaNet's own fields: a `linear_attention` layer without them is another kind (MiniMax's lightning
+# attention, Kimi's delta attention), whose state and kernels differ.
+GATED_DELTANET_KEYS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                       "linear_value_head_dim", "linear_conv_kernel_dim")
+REQUIRED_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
+
+
+def check_layout(config) -> None:
+    """Raises ValueError, naming what it found, for a model whose layers the cost model cannot time or whose config
+    lacks the fields a decoder's shape is read from, rather than time it as some other model."""
+    model_type = config_value(config, "model_type", "unknown")
+    name = f"model type {model_type!r}"
+    recurrent = [key for key in RECURRENT_LAYER_KEYS if config_value(config, key) is not None]
+    if recurrent:
+        raise ValueError(f"{name} has state-space or convolution layers ({recurrent[0]} in its config), which the "
+                         "simulator does not model: it times attention (full, sliding, chunked, sparse), multi-head "
+                         "latent attention, Gated DeltaNet and mixtures of experts")
+    kinds = sorted(set(config_value(config, "layer_types", []) or []) - MODELED_LAYER_KINDS)
+    if kinds:
+        raise ValueError(f"{name} has layers of a kind the simulator does not model ({', '.join(kinds)}); it models "
+                         f"{', '.join(sorted(MODELED_LAYER_KINDS))}")
+    if num_linear_layers(config) and any(config_value(config, key) is None for key in GATED_DELTANET_KEYS):
+        raise ValueError(f"{name} has linear-attention layers that are not Gated DeltaNet (its config gives no "
+                         f"{', '.join(k for k in GATED_DELTANET_KEYS if config_value(config, k) is None)}), which the "
+                         "simulator does not model")
+    missing = [key for key in REQUIRED_KEYS if config_value(config, key) is None]
+    experts = any(config_value(config, key) for key in ("num_local_experts", "num_experts", "n_routed_experts",
+                                                       "moe_num_experts"))
+    if not experts and config_value(config, "intermediate_size") is None:
+        missing.append("intermediate_size")
+    widths = [key for key in ("intermediate_size", "num_key_value_heads", "head_dim")
+              if isinstance(config_value(config, key), (list, tuple))]
+    if widths:
+        raise ValueError(f"{name} gives each layer its own {widths[0]}, which the simulator does not model: it reads "
+                         "one shape for every layer")
+    if missing:
+        raise ValueError(f"{name}: its config gives no {', '.join(missing)}, which a decoder's shape is read from "
+                         "(the names of transformers' Llama-style configs)")
 
 
 def num_linear_layers(config) -> int:

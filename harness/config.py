@@ -343,7 +343,8 @@ def validate(cfg: DictConfig) -> RunConfig:
         raise ConfigError(f"model.name={config.model.name!r}: {e}") from None
     if config.runner.name == "real" and (unpaged := _layers_not_paged(model)):
         raise ConfigError(f"model {config.model.name!r} has {unpaged}, which runner=real cannot run (its paged "
-                          "attention attends to every cached token): use runner=sim, or a peer that serves the model")
+                          "attention keeps one cache of one head size in every layer and attends to every cached "
+                          "token): use runner=sim, or a peer that serves the model")
     context = model.get("max_position_embeddings")
     if context and config.kv_cache.block_size > context:
         raise ConfigError(f"kv_cache.block_size={config.kv_cache.block_size} is larger than the model's whole "
@@ -362,6 +363,8 @@ def _layers_not_paged(model: dict) -> str:
         found.append("linear-attention layers (Gated DeltaNet)")
     if "chunked_attention" in (model.get("layer_types") or ()):
         found.append("chunked attention layers (Llama 4)")
+    if model.get("per_layer_config") or model.get("num_kv_shared_layers") or model.get("hidden_size_per_layer_input"):
+        found.append("layers of more than one head size, shared caches or per-layer inputs (Gemma 4)")
     return " and ".join(found)
 
 

@@ -47,19 +47,39 @@ def language_model_config(config: dict) -> dict:
     and which layers slide), and a checkpoint that also reads images (Qwen3.5, Gemma 3, Llama 4, Mistral 3) nests its
     language model in `text_config`, beside its vision encoder, keeping what applies to both at the top (its
     `quantization_config`). A simulation times the language model alone. A model type this transformers does not
-    know is read as its file gives it."""
+    know, or whose values its class rejects (Nemotron-H's own saved defaults include an infinity it will not read
+    back), is read as its file gives it."""
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoConfig
+
     quantization = {"quantization_config": config["quantization_config"]} if "quantization_config" in config else {}
     try:
-        from transformers import AutoConfig
-
         return quantization | AutoConfig.for_model(**config).get_text_config().to_dict()
-    except (ValueError, KeyError, TypeError):  # no model_type, or one this transformers lacks
+    except (ValueError, KeyError, TypeError, StrictDataclassError):  # no model_type, one it lacks, or rejected values
         pass
     text = config.get("text_config")
     if not isinstance(text, dict) or "num_hidden_layers" in config:
         return config
     outer = {key: value for key, value in config.items() if key not in ("text_config", "vision_config")}
     return outer | text
+
+
+def transformers_num_params(config: dict) -> int | None:
+    """The parameters transformers' own model class holds for this language model config, built on the meta device
+    (no memory, no weights, a second or two for the largest): what `Architecture.num_params` is checked against for
+    a model brought from outside the catalogue. Built unquantized (a checkpoint's quantization would swap its layers
+    for the format's). None where transformers cannot build it: a model type it does not know, or any failure of its
+    construction, which only means there is nothing to check against."""
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        plain = {key: value for key, value in config.items() if key != "quantization_config"}
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**plain))
+    except Exception:  # a third party's constructor: whatever it raises, there is no count to compare with
+        return None
+    return sum(parameter.numel() for parameter in model.parameters())
 
 
 def _hub_file(repo_id: str, filename: str) -> str:

@@ -8,7 +8,13 @@ from harness.architecture import Architecture
 from harness.config import CPU_ENGINE_CAPS, ConfigError, RunConfig
 from harness.core.engine import Engine
 from harness.core.kv_cache import BlockAllocator
-from harness.model_spec import DTYPE_BYTES, dtype_name, load_tokenizer, read_model_config
+from harness.model_spec import (
+    DTYPE_BYTES,
+    dtype_name,
+    load_tokenizer,
+    read_model_config,
+    transformers_num_params,
+)
 from harness.run_parts import CPU_NUM_BLOCKS, configured_replica, load_workload
 from harness.sim.continuous import SimContinuous
 from harness.sim.costmodel import RooflineCostModel, build_cost_model
@@ -21,6 +27,9 @@ from strategies.continuous import ContinuousBatching
 from strategies.sglang import SGLangBatching
 
 log = logging.getLogger(__name__)
+# How far a model's parameters read from its config may stray from transformers' count before a run says so: the norms
+# and biases the shape leaves out come to a fraction of a percent.
+MISREAD_TOLERANCE = 0.02
 SIMULATED_ENGINES = {"static": SimStatic, "dynamic": SimDynamic, "continuous": SimContinuous}
 
 
@@ -38,6 +47,21 @@ def simulated_engine(strategy: Strategy, runner: SimRunner, allocator: BlockAllo
     return engine_class(strategy, runner, allocator, max_model_len, eos_token_ids)
 
 
+def misread_layout(config: dict, arch: Architecture, tolerance: float = MISREAD_TOLERANCE) -> str | None:
+    """What to tell the user when the shape read from a model's config holds more than `tolerance` more or fewer
+    parameters than transformers builds for it: the model has parts the simulator does not read, and its weights'
+    bytes, and so every step's time, are off by about as much. None when they agree or nothing can be built."""
+    built = transformers_num_params(config)
+    if not built:
+        return None
+    error = arch.num_params / built - 1
+    if abs(error) <= tolerance:
+        return None
+    return (f"model type {config.get('model_type', 'unknown')!r}: the simulator reads {arch.num_params / 1e9:,.2f}B "
+            f"parameters from its config where transformers builds {built / 1e9:,.2f}B ({error:+.0%}): the layout has "
+            "parts the simulator does not model, and its predictions are off by as much")
+
+
 def simulated_replicas(cfg: RunConfig):
     """`runner.replicas` simulated replicas behind `runner.router`; the model is only described, never loaded.
     Returns (replicas, router or None, workload, device, dtype)."""
@@ -49,6 +73,8 @@ def simulated_replicas(cfg: RunConfig):
         costs = build_cost_model(cfg.runner, arch)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if cfg.model.source == "hf" and (misread := misread_layout(config, arch)):
+        log.warning(misread)
     tokenizer = load_tokenizer(cfg.model)
     workload = load_workload(cfg, config["vocab_size"], tokenizer, config["max_position_embeddings"],
                              with_ids=False)  # a simulation needs lengths only

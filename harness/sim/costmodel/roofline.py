@@ -130,6 +130,9 @@ class RooflineCostModel:
         self._prefill_pair_flops = arch.attention_flops_per_pair(decode=False)
         self._decode_pair_flops = arch.attention_flops_per_pair(decode=True)
         self._kv_bytes_per_token, self._kv_shards = arch.kv_bytes_per_token, arch.kv_shards(n)
+        self._kv_reread_bytes_per_token = arch.kv_reread_bytes_per_token
+        # A full-attention layer's pairs cost in proportion to its head size where it differs (Gemma 4's 512 to 256).
+        self._full_pair_scale = (arch.full_head_dim or arch.head_dim) / arch.head_dim
         # Linear-attention layers read each sequence's state and write it back once a step (a decode row's token, or
         # a prompt chunk's in one pass), split by value head: `[B, H_v, D_k, D_v]`.
         self._state_shards = min(n, arch.linear_value_heads) if arch.num_linear_layers else 1
@@ -192,6 +195,8 @@ class RooflineCostModel:
             decode_rows = decode_rows * where(prefill_pairs > 0, self._query_tile, max(self._query_tile / group, 1.0))
         per_layer = self._prefill_pair_flops * prefill_pairs + decode_rows
         full = a.num_full_layers * per_layer
+        if self._full_pair_scale != 1.0:
+            full = full * self._full_pair_scale
         if not a.num_sliding_layers:
             return full
         # A sliding layer's query attends to at most `sliding_window` keys.
@@ -200,9 +205,12 @@ class RooflineCostModel:
 
     def kv_bytes(self, shape: StepShape):
         """KV bytes the step moves, all GPUs together: every cached key and value each query's sequence attends to
-        (a sliding layer's last `sliding_window`), and the step's new ones."""
+        (a sliding layer's last `sliding_window`; a layer reading another's cache reads it again), and the step's new
+        ones."""
         a = self.arch
         read = self._kv_bytes_per_token * (shape.kv_tokens_read + shape.num_tokens)
+        if self._kv_reread_bytes_per_token:
+            read = read + self._kv_reread_bytes_per_token * shape.kv_tokens_read
         if not a.num_sliding_layers:
             return read
         sliding = a.num_sliding_layers * a.kv_width * a.kv_element_bytes

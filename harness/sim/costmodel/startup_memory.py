@@ -59,7 +59,8 @@ SGLANG_MEMORY_CLASSES = ((20 * 1024, 2048, 8, 8), (35 * 1024, 2048, 24, 80), (60
 def forward_peak_bytes(arch: Architecture, num_tokens: int, tensor_parallel: int, expert_parallel: bool) -> float:
     """The widest activations one GPU holds in a forward pass of `num_tokens` tokens: an MLP's."""
     n = tensor_parallel
-    widths = [3 * arch.intermediate_size / n] if arch.num_dense_layers or not arch.num_experts else []
+    dense = arch.num_dense_layers or not arch.num_experts
+    widths = [arch.num_mlp_matrices * arch.intermediate_size / n] if dense else []
     if arch.num_experts:
         expert_width = arch.expert_intermediate_size / (1 if expert_parallel else n)
         # A fused MoE's caches: gate-up output and activation per routed row, and each row's output before the sum.

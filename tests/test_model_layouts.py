@@ -1,0 +1,142 @@
+"""The shape read from a model's config against the model transformers builds from the same config on the meta device
+(no memory, no weights): every decoder family the simulator models holds the same parameters to within a fraction of a
+percent, the layouts it does not model are refused with one line naming what it found, and a model brought from
+outside the catalogue whose count strays says so in its run.
+
+Each family is the installed transformers' own default config (its reference checkpoint's shape); a family this
+transformers does not have is skipped."""
+
+import json
+
+import pytest
+import torch
+
+from harness.architecture import Architecture
+from harness.model_spec import language_model_config
+from harness.peers.server import word_tokenizer
+from harness.sim.replica import misread_layout
+
+# Decoder families, dense and mixtures, with each attention and MLP layout the reader knows: GQA, sliding windows,
+# chunked attention, latent attention with and without an indexer, Gated DeltaNet, output gates, attention sinks,
+# shared experts of either width, leading dense layers, interleaved and ranged MoE layers, two-matrix MLPs, and Gemma
+# 4's full-attention layers of their own head size beside per-layer inputs.
+MODELED = ["llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_text",
+           "qwen3_5_moe_text", "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "gpt_oss", "gemma2", "gemma3_text",
+           "llama4_text", "phi3", "phimoe", "olmo2", "olmoe", "glm4", "glm4_moe", "granite", "granitemoe",
+           "ernie4_5_moe", "minimax_m2", "exaone4", "smollm3", "seed_oss", "cohere2", "ministral3", "starcoder2",
+           "phi", "gpt_neox", "doge", "gemma4_text"]
+# Layouts the cost model has no time for, and the words their refusal names.
+REFUSED = {"mamba2": "state_size", "jamba": "mamba_d_state", "falcon_h1": "mamba_d_state",
+           "granitemoehybrid": "mamba_d_state", "nemotron_h": "ssm_state_size", "lfm2": "conv_L_cache",
+           "minimax": "not Gated DeltaNet", "kimi_linear": "not Gated DeltaNet",
+           "deepseek_v4": "compressed_sparse_attention", "gemma3n_text": "its own intermediate_size"}
+
+
+def default_config(model_type: str) -> dict:
+    transformers = pytest.importorskip("transformers")
+    try:
+        config = transformers.AutoConfig.for_model(model_type)
+    except ValueError:
+        pytest.skip(f"this transformers has no {model_type}")
+    return language_model_config(config.to_dict())
+
+
+def built_params(model_type: str) -> int:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type))
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
+@pytest.mark.parametrize("model_type", MODELED)
+def test_each_modeled_family_holds_the_parameters_transformers_builds(model_type):
+    config = default_config(model_type)
+    read = Architecture.from_config(config, 2).num_params
+    assert read == pytest.approx(built_params(model_type), rel=0.005)
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_a_layout_the_simulator_does_not_model_is_refused_by_name(model_type):
+    config = default_config(model_type)
+    with pytest.raises(ValueError, match=REFUSED[model_type]) as refused:
+        Architecture.from_config(config, 2)
+    assert "\n" not in str(refused.value) and repr(config["model_type"]) in str(refused.value)
+
+
+# Gemma 4's other layouts, as its checkpoints combine them: experts beside the dense MLP with full-attention values
+# computed by the key projection (26B-A4B's), trailing layers reading an earlier layer's cache with MLPs twice as wide
+# (the small models'), and all of it at once.
+GEMMA4_VARIANTS = {
+    "experts-and-shared-key-values": dict(enable_moe_block=True, num_experts=128, top_k_experts=8,
+                                          moe_intermediate_size=704, attention_k_eq_v=True,
+                                          num_global_key_value_heads=2, hidden_size_per_layer_input=0),
+    "reused-caches-and-wide-mlps": dict(num_kv_shared_layers=10, use_double_wide_mlp=True),
+    "all": dict(enable_moe_block=True, num_experts=16, top_k_experts=4, moe_intermediate_size=512,
+                attention_k_eq_v=True, num_global_key_value_heads=1, num_kv_shared_layers=12, use_double_wide_mlp=True),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(GEMMA4_VARIANTS))
+def test_gemma4s_layouts_hold_the_parameters_and_cache_transformers_builds(variant):
+    transformers = pytest.importorskip("transformers")
+    default_config("gemma4_text")  # skips without Gemma 4
+    config = transformers.AutoConfig.for_model("gemma4_text", **GEMMA4_VARIANTS[variant])
+    with torch.device("meta"):
+        built = transformers.AutoModelForCausalLM.from_config(config)
+    arch = Architecture.from_config(language_model_config(config.to_dict()), 2)
+    assert arch.num_params == pytest.approx(sum(p.numel() for p in built.parameters()), rel=0.005)
+    # The cache: K and V of each full-attention layer that keeps its own, at that layer's heads.
+    owners = [i for i, kind in enumerate(config.layer_types) if kind == "full_attention"
+              and i < config.num_hidden_layers - config.num_kv_shared_layers]
+    heads = config.per_layer_config[owners[0]]
+    assert arch.kv_bytes_per_token == len(owners) * 2 * heads.num_key_value_heads * heads.head_dim * 2
+
+
+def test_gemma4s_per_layer_inputs_are_looked_up_not_streamed():
+    gemma4 = Architecture.from_config(default_config("gemma4_text"), 2)
+    table = gemma4.per_layer_input_table_params
+    assert table == 262144 * 30 * 256  # vocabulary x layers x width: two of the model's five billion parameters
+    assert gemma4.weight_bytes - gemma4.dense_weight_bytes_read() >= 2 * table  # held, never read whole a step
+
+
+def test_a_config_without_a_decoders_fields_is_refused_by_name():
+    gpt2 = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257}
+    with pytest.raises(ValueError, match="gives no num_hidden_layers, hidden_size, num_attention_heads, "
+                                         "intermediate_size"):
+        Architecture.from_config(gpt2, 2)
+
+
+def test_a_model_whose_count_strays_from_transformers_says_by_how_much():
+    llama = default_config("llama")
+    assert misread_layout(llama, Architecture.from_config(llama, 2)) is None
+    # A layout part the reader would not see: the same model read as if its MLP were a third wider.
+    wider = Architecture.from_config(llama | {"intermediate_size": llama["intermediate_size"] * 4 // 3}, 2)
+    warning = misread_layout(llama, wider)
+    assert "'llama'" in warning and "6.74B" in warning and "+" in warning and "off by as much" in warning
+    assert misread_layout({"model_type": "not-a-model", "hidden_size": 8}, wider) is None  # nothing to build
+
+
+def test_a_run_of_a_model_folder_warns_when_its_layout_is_misread(tmp_path, caplog):
+    from harness.config import compose_config, validate
+    from harness.sim.replica import simulated_replicas
+
+    # Llama 4's name for its dense layers' MLP width, in a Llama config: the reader takes it, Llama's code does not.
+    config = default_config("llama") | {"intermediate_size_mlp": 2 * 11008}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    word_tokenizer(config["vocab_size"]).save_pretrained(tmp_path)
+    cfg = validate(compose_config(["runner=sim", "runner.hardware=h100", "model=hf", f"model.name={tmp_path}",
+                          "workload=random", "workload.input_len=64", "workload.output_len=8",
+                          "workload.num_requests=4"]))
+    with caplog.at_level("WARNING"):
+        simulated_replicas(cfg)
+    warnings = [record.message for record in caplog.records if "transformers builds" in record.message]
+    assert len(warnings) == 1 and "'llama'" in warnings[0] and "6.74B (+" in warnings[0]
+
+
+def test_this_harness_own_runner_refuses_gemma4s_layers_in_one_line(tmp_path):
+    from harness.config import ConfigError, compose_config, validate
+
+    (tmp_path / "config.json").write_text(json.dumps(default_config("gemma4_text")))
+    with pytest.raises(ConfigError, match=r"per-layer inputs \(Gemma 4\), which runner=real cannot run"):
+        validate(compose_config(["runner=real", "model=hf", f"model.name={tmp_path}"]))
