@@ -36,6 +36,7 @@ from harness.model_spec import DTYPE_BYTES
 FORMAT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 4.25 / 8}
 QUANTIZATIONS = ("auto", "bf16", "fp8", "fp4")  # model.quantization; auto: the checkpoint's own (its catalogue entry)
 KV_DTYPES = ("auto", "bf16", "fp8")  # kv_cache.dtype; auto: the compute dtype
+INDEX_QUANT_BLOCK = 128  # elements of a DeepSeek Sparse Attention index key sharing one FP32 scale
 # Model types whose dense MLP is two matrices, up and down, with the activation between (`fc1`/`fc2`, `c_fc`/`c_proj`,
 # `dense_h_to_4h`/`dense_4h_to_h` in transformers' modeling code): their configs do not say so.
 UNGATED_MLP_MODEL_TYPES = frozenset({"gpt_neox", "gpt_neox_japanese", "phi", "starcoder2", "persimmon", "fuyu", "jais2",
@@ -104,6 +105,12 @@ class Architecture:
     double_wide_mlp_layers: int = 0
     per_layer_input_width: int = 0
     per_layer_input_vocab: int = 0
+    # DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5): layers whose lightning indexer scores every cached token with
+    # `index_heads` heads of `index_head_dim` and keeps `index_topk` of them for each query to attend to.
+    num_indexed_layers: int = 0
+    index_topk: int = 0
+    index_heads: int = 0
+    index_head_dim: int = 0
 
     @classmethod
     def from_config(cls, config, bytes_per_param: float, quantization: str | None = None,
@@ -179,6 +186,7 @@ class Architecture:
                 "linear_state_bytes_per_element": DTYPE_BYTES.get(config_value(config, "mamba_ssm_dtype"))}
                if linear else {}),
             **_gemma4_layers(config, layer_types),
+            **_indexer(config, layer_types, num_layers),
         )
 
     @property
@@ -229,13 +237,37 @@ class Architecture:
         if self.latent_attention or not (self.full_attention_params != self.attention_params
                                          or self.full_layers_reusing_kv or self.sliding_layers_reusing_kv):
             return (self.num_layers - self.num_linear_layers) * self.attention_params + \
-                self.num_linear_layers * self.linear_attention_params
+                self.num_linear_layers * self.linear_attention_params + self.num_indexed_layers * self.indexer_params
         full_kv = self.full_attention_params - self._attention_params(
             self.full_head_dim or self.head_dim, self.full_kv_heads or self.num_kv_heads, 0)
         sliding_kv = self.attention_params - self._attention_params(self.head_dim, self.num_kv_heads, 0)
         return (self.num_sliding_layers * self.attention_params + self.num_full_layers * self.full_attention_params
                 - self.full_layers_reusing_kv * full_kv - self.sliding_layers_reusing_kv * sliding_kv
-                + self.num_linear_layers * self.linear_attention_params)
+                + self.num_linear_layers * self.linear_attention_params + self.num_indexed_layers * self.indexer_params)
+
+    @property
+    def indexer_params(self) -> int:
+        """An indexed layer's lightning indexer: its queries from the query latent (or the hidden state), its one key
+        and its heads' weights from the hidden state, and the key's norm."""
+        queries = (self.q_lora_rank or self.hidden_size) * self.index_heads * self.index_head_dim
+        return queries + self.hidden_size * (self.index_head_dim + self.index_heads) + 2 * self.index_head_dim
+
+    @property
+    def index_key_bytes(self) -> float:
+        """An indexed layer's cached index key of a token: FP8 with an FP32 scale for every 128 elements, as vLLM's and
+        SGLang's DeepSeek-V3.2 caches keep it (ModelTC/lightllm's Deepseek3_2MemoryManager: float8_e4m3fn keys,
+        float32 scales, `index_quant_block_size` 128), whatever the latent's dtype."""
+        return self.index_head_dim * (1 + 4 / INDEX_QUANT_BLOCK)
+
+    @property
+    def indexed_latent_bytes_per_token(self) -> float:
+        """What the indexed layers' attention would read of a token it did not pick: its K and V (or latent)."""
+        return self.num_indexed_layers * self.full_kv_width * self.kv_element_bytes
+
+    def index_flops_per_pair(self) -> float:
+        """The indexer's FLOPs for one query-key pair, over all its heads: a dot product each (their weighted sum and
+        ReLU aside)."""
+        return 2 * self.index_heads * self.index_head_dim
 
     @property
     def per_layer_input_params(self) -> int:
@@ -322,7 +354,8 @@ class Architecture:
         moe_layer = 1 + (2 if self.shared_intermediate_size else 0)
         mlps = (self.num_layers - self.num_moe_layers) * 2 + self.num_moe_layers * moe_layer
         per_layer_inputs = 2 * self.num_layers + 1 if self.per_layer_input_width else 0
-        return mixers + mlps + per_layer_inputs + 1
+        indexers = 2 * self.num_indexed_layers  # the query projection, and the key and heads' weights fused
+        return mixers + mlps + per_layer_inputs + indexers + 1
 
     @property
     def num_moe_layers(self) -> int:
@@ -419,7 +452,8 @@ class Architecture:
         """A token's cache across the layers attending to the whole context that keep one. A sliding-window layer
         keeps at most `sliding_window` tokens of each sequence (vLLM's hybrid cache manager frees the rest), a few MB
         per sequence whatever its length, which the per-token figure leaves out."""
-        return (self.num_full_layers - self.full_layers_reusing_kv) * self.full_kv_width * self.kv_element_bytes
+        return (self.num_full_layers - self.full_layers_reusing_kv) * self.full_kv_width * self.kv_element_bytes + \
+            self.num_indexed_layers * self.index_key_bytes
 
     @property
     def kv_reread_bytes_per_token(self) -> float:
@@ -492,6 +526,17 @@ class Architecture:
         return 2 * self.num_heads * (self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim)
 
 
+def _indexer(config, layer_types: list, num_layers: int) -> dict:
+    """DeepSeek Sparse Attention's layers and indexer: those `layer_types` names `indexed_attention`, or every layer of
+    a config that gives an `index_topk` and no layer types (DeepSeek-V3.2's own file). Empty for any other model."""
+    topk = config_value(config, "index_topk", 0)
+    if not topk:
+        return {}
+    indexed = sum(kind == "indexed_attention" for kind in layer_types) if layer_types else num_layers
+    return {"num_indexed_layers": indexed, "index_topk": topk, "index_heads": config_value(config, "index_n_heads"),
+            "index_head_dim": config_value(config, "index_head_dim")}
+
+
 def _gemma4_layers(config, layer_types: list) -> dict:
     """Gemma 4's layers that differ from the rest: its full-attention layers' heads (`global_head_dim` and, where
     their values are their keys, `num_global_key_value_heads`: transformers' Gemma4TextConfig keeps both in its
@@ -549,6 +594,7 @@ RECURRENT_LAYER_KEYS = ("mamba_d_state", "ssm_state_size", "state_size", "layers
 # attention, Kimi's delta attention), whose state and kernels differ.
 GATED_DELTANET_KEYS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                        "linear_value_head_dim", "linear_conv_kernel_dim")
+INDEXER_KEYS = ("index_n_heads", "index_head_dim")  # DeepSeek Sparse Attention's lightning indexer
 REQUIRED_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
 
 
@@ -569,6 +615,10 @@ def check_layout(config) -> None:
     if num_linear_layers(config) and any(config_value(config, key) is None for key in GATED_DELTANET_KEYS):
         raise ValueError(f"{name} has linear-attention layers that are not Gated DeltaNet (its config gives no "
                          f"{', '.join(k for k in GATED_DELTANET_KEYS if config_value(config, k) is None)}), which the "
+                         "simulator does not model")
+    if config_value(config, "index_topk") and any(config_value(config, key) is None for key in INDEXER_KEYS):
+        raise ValueError(f"{name} has an attention indexer that is not DeepSeek Sparse Attention's (its config gives "
+                         f"no {', '.join(k for k in INDEXER_KEYS if config_value(config, k) is None)}), which the "
                          "simulator does not model")
     missing = [key for key in REQUIRED_KEYS if config_value(config, key) is None]
     experts = any(config_value(config, key) for key in ("num_local_experts", "num_experts", "n_routed_experts",

@@ -363,6 +363,8 @@ def _layers_not_paged(model: dict) -> str:
         found.append("linear-attention layers (Gated DeltaNet)")
     if "chunked_attention" in (model.get("layer_types") or ()):
         found.append("chunked attention layers (Llama 4)")
+    if model.get("index_topk"):
+        found.append("sparse attention layers (DeepSeek-V3.2's indexer)")
     if model.get("per_layer_config") or model.get("num_kv_shared_layers") or model.get("hidden_size_per_layer_input"):
         found.append("layers of more than one head size, shared caches or per-layer inputs (Gemma 4)")
     return " and ".join(found)

@@ -140,3 +140,33 @@ def test_this_harness_own_runner_refuses_gemma4s_layers_in_one_line(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(default_config("gemma4_text")))
     with pytest.raises(ConfigError, match=r"per-layer inputs \(Gemma 4\), which runner=real cannot run"):
         validate(compose_config(["runner=real", "model=hf", f"model.name={tmp_path}"]))
+
+
+def test_deepseek_sparse_attention_reads_and_computes_only_the_keys_its_indexer_picks():
+    from harness.model_spec import described_model
+    from harness.sim.costmodel import RooflineCostModel, StepShape
+    from harness.sim.costmodel.hardware import get_hardware
+    from tests.conftest import bare_engine
+
+    dense, sparse = (Architecture.from_config(described_model(name), 2) for name in ("deepseek-v3", "deepseek-v3.2"))
+    assert (sparse.num_indexed_layers, sparse.index_topk, sparse.index_key_bytes) == (61, 2048, 132)
+    # The cache keeps every token's latent and, in each layer, its FP8 index key and scale.
+    assert sparse.kv_bytes_per_token == dense.kv_bytes_per_token + 61 * 132
+    h200 = get_hardware("h200")
+    costs = {arch: RooflineCostModel(arch, h200, bare_engine(), tensor_parallel=8) for arch in (dense, sparse)}
+
+    def decode(rows, context):
+        return StepShape(False, rows, rows, rows * context, rows * context, rows, decode_pairs=rows * context)
+
+    # Within the indexer's pick, a decode step reads what V3 reads and the index keys besides.
+    short = decode(64, 1024)
+    assert costs[sparse].kv_bytes(short) == pytest.approx(costs[dense].kv_bytes(short) + 61 * 132 * 64 * 1025)
+    assert costs[sparse].attention_flops(short) > costs[dense].attention_flops(short)
+    # At 32,000 tokens each query reads 2,048 latents and every index key: a fraction of V3's bytes and step.
+    long = decode(64, 32000)
+    assert costs[sparse].kv_bytes(long) < 0.3 * costs[dense].kv_bytes(long)
+    assert costs[sparse].predict(long) < 0.7 * costs[dense].predict(long)
+    # A 32,000-token prompt: attention over 2,048 keys a query where V3's grows with the prompt, the indexer's
+    # scores over every pair in FP8 beside it.
+    prompt = StepShape(False, 32000, 1, 32000 * 32001 // 2, 0, 1, masked_pairs=0)
+    assert costs[sparse].attention_flops(prompt) < 0.3 * costs[dense].attention_flops(prompt)

@@ -133,6 +133,11 @@ class RooflineCostModel:
         self._kv_reread_bytes_per_token = arch.kv_reread_bytes_per_token
         # A full-attention layer's pairs cost in proportion to its head size where it differs (Gemma 4's 512 to 256).
         self._full_pair_scale = (arch.full_head_dim or arch.head_dim) / arch.head_dim
+        # DeepSeek Sparse Attention's indexer scores every pair in FP8 (DeepGEMM's MQA logits kernel), at the rate the
+        # GPU's FP8 GEMMs reach where it has FP8 tensor cores: its FLOPs in BF16 terms, to go with the attention's.
+        fp8_speedup = hardware.gemm_peak(1.0) / hardware.gemm_peak(arch.bytes_per_param)
+        self._index_pair_flops = arch.num_indexed_layers * arch.index_flops_per_pair() / fp8_speedup
+        self._indexed_latent_bytes = arch.indexed_latent_bytes_per_token
         # Linear-attention layers read each sequence's state and write it back once a step (a decode row's token, or
         # a prompt chunk's in one pass), split by value head: `[B, H_v, D_k, D_v]`.
         self._state_shards = min(n, arch.linear_value_heads) if arch.num_linear_layers else 1
@@ -197,6 +202,11 @@ class RooflineCostModel:
         full = a.num_full_layers * per_layer
         if self._full_pair_scale != 1.0:
             full = full * self._full_pair_scale
+        if a.num_indexed_layers:
+            # An indexed layer's query attends to the `index_topk` keys its indexer picks, the indexer itself scoring
+            # every pair.
+            picked = minimum(1.0, shape.num_tokens * a.index_topk / maximum(pairs, 1))
+            full = full - a.num_indexed_layers * per_layer * (1 - picked) + self._index_pair_flops * pairs
         if not a.num_sliding_layers:
             return full
         # A sliding layer's query attends to at most `sliding_window` keys.
@@ -205,12 +215,17 @@ class RooflineCostModel:
 
     def kv_bytes(self, shape: StepShape):
         """KV bytes the step moves, all GPUs together: every cached key and value each query's sequence attends to
-        (a sliding layer's last `sliding_window`; a layer reading another's cache reads it again), and the step's new
-        ones."""
+        (a sliding layer's last `sliding_window`; a layer reading another's cache reads it again; an indexed layer the
+        keys its indexer picks), and the step's new ones."""
         a = self.arch
         read = self._kv_bytes_per_token * (shape.kv_tokens_read + shape.num_tokens)
         if self._kv_reread_bytes_per_token:
             read = read + self._kv_reread_bytes_per_token * shape.kv_tokens_read
+        if self._indexed_latent_bytes:
+            # An indexed layer reads every cached token's index key but only the K and V (the latent) of the keys
+            # picked for each query: a decode row's `index_topk`, a prompt chunk's whole context at most once.
+            picked = minimum(shape.kv_tokens_read, shape.num_tokens * self.arch.index_topk)
+            read = read - self._indexed_latent_bytes * (shape.kv_tokens_read - picked)
         if not a.num_sliding_layers:
             return read
         sliding = a.num_sliding_layers * a.kv_width * a.kv_element_bytes
