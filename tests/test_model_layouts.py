@@ -25,11 +25,10 @@ MODELED = ["llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_
            "llama4_text", "phi3", "phimoe", "olmo2", "olmoe", "glm4", "glm4_moe", "granite", "granitemoe",
            "ernie4_5_moe", "minimax_m2", "exaone4", "smollm3", "seed_oss", "cohere2", "ministral3", "starcoder2",
            "phi", "gpt_neox", "doge", "gemma4_text"]
-# Layouts the cost model has no time for, and the words their refusal names.
-REFUSED = {"mamba2": "state_size", "jamba": "mamba_d_state", "falcon_h1": "mamba_d_state",
-           "granitemoehybrid": "mamba_d_state", "nemotron_h": "ssm_state_size", "lfm2": "conv_L_cache",
-           "minimax": "not Gated DeltaNet", "kimi_linear": "not Gated DeltaNet",
-           "deepseek_v4": "compressed_sparse_attention", "gemma3n_text": "its own intermediate_size"}
+# Layouts the cost model has no time for: state-space and convolution hybrids, linear attentions other than Gated
+# DeltaNet, DeepSeek-V4's compressed attention, a width per layer.
+REFUSED = ["mamba2", "jamba", "falcon_h1", "granitemoehybrid", "nemotron_h", "lfm2", "minimax", "kimi_linear",
+           "deepseek_v4", "gemma3n_text"]
 
 
 def default_config(model_type: str) -> dict:
@@ -56,10 +55,10 @@ def test_each_modeled_family_holds_the_parameters_transformers_builds(model_type
     assert read == pytest.approx(built_params(model_type), rel=0.005)
 
 
-@pytest.mark.parametrize("model_type", sorted(REFUSED))
+@pytest.mark.parametrize("model_type", REFUSED)
 def test_a_layout_the_simulator_does_not_model_is_refused_by_name(model_type):
     config = default_config(model_type)
-    with pytest.raises(ValueError, match=REFUSED[model_type]) as refused:
+    with pytest.raises(ValueError, match="the simulator does not model") as refused:
         Architecture.from_config(config, 2)
     assert "\n" not in str(refused.value) and repr(config["model_type"]) in str(refused.value)
 
