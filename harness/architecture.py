@@ -544,11 +544,16 @@ def _gemma4_layers(config, layer_types: list) -> dict:
     inputs. Empty for any other model."""
     per_layer = config_value(config, "per_layer_config") or {}
     full = [overrides for overrides in per_layer.values() if isinstance(overrides, dict)]
+    values_are_keys = bool(config_value(config, "attention_k_eq_v", False))
+    if not full and config_value(config, "global_head_dim"):  # the file as it gives them, read by no Gemma 4 class
+        global_kv_heads = config_value(config, "num_global_key_value_heads") if values_are_keys else None
+        full = [{"head_dim": config_value(config, "global_head_dim")} | (
+            {"num_key_value_heads": global_kv_heads} if global_kv_heads else {})]
     fields = {}
     if full:
         fields["full_head_dim"] = full[0].get("head_dim", 0)
         fields["full_kv_heads"] = full[0].get("num_key_value_heads", 0)
-        fields["full_values_are_keys"] = bool(config_value(config, "attention_k_eq_v", False))
+        fields["full_values_are_keys"] = values_are_keys
     reusing = config_value(config, "num_kv_shared_layers", 0)
     if reusing and layer_types:
         tail = layer_types[len(layer_types) - reusing:]

@@ -92,6 +92,18 @@ def test_gemma4s_layouts_hold_the_parameters_and_cache_transformers_builds(varia
     assert arch.kv_bytes_per_token == len(owners) * 2 * heads.num_key_value_heads * heads.head_dim * 2
 
 
+def test_a_gemma4_config_file_reads_the_same_without_transformers_gemma4_class():
+    """A `config.json` as Gemma 4's checkpoints write it (its full layers' heads as `global_head_dim` and
+    `num_global_key_value_heads`), read by a transformers without the model type, is the model its class builds."""
+    variant = GEMMA4_VARIANTS["experts-and-shared-key-values"]
+    raw = {"model_type": "gemma4_text", "global_head_dim": 512, **variant} | {
+        key: value for key, value in default_config("gemma4_text").items()
+        if key not in ("per_layer_config", "model_type", *variant)}
+    through_class = language_model_config(raw)
+    assert "per_layer_config" in through_class
+    assert Architecture.from_config(raw, 2) == Architecture.from_config(through_class, 2)
+
+
 def test_gemma4s_per_layer_inputs_are_looked_up_not_streamed():
     gemma4 = Architecture.from_config(default_config("gemma4_text"), 2)
     table = gemma4.per_layer_input_table_params
