@@ -5,7 +5,9 @@ It covers the attention and expert layouts of 2026's open models:
 - attention: multi-head or grouped-query (`num_key_value_heads`), multi-head latent attention (DeepSeek-V3/R1:
   `kv_lora_rank`, its cache one latent of `kv_lora_rank + qk_rope_head_dim` per token and layer instead of K and V
   per head), sliding-window layers mixed with full ones (gpt-oss: `layer_types`, `sliding_window`), and attention
-  sinks (a learned logit per head: one parameter per head, no bytes or FLOPs worth counting), chunked attention
+  sinks (a learned logit per head: one parameter per head, no bytes or FLOPs worth counting), DeepSeek Sparse
+  Attention (DeepSeek-V3.2, GLM-5: `indexed_attention` layers, whose indexer keeps `index_topk` keys a query),
+  DeepSeek-V4's compressed attention (a window in every layer and compressed entries besides), chunked attention
   (Llama 4: layers attending within their chunk, counted as a window of its length), a gate on the
   attention's output (Qwen3-Next, Qwen3.5: `attn_output_gate`, the query projection twice as wide), and linear-attention
   layers mixed with full ones (Gated DeltaNet in Qwen3-Next and Qwen3.5: `layer_types` of `linear_attention`, or every
@@ -111,6 +113,19 @@ class Architecture:
     index_topk: int = 0
     index_heads: int = 0
     index_head_dim: int = 0
+    # DeepSeek-V4's attention: one KV head whose keys are its values (one cached tensor), a window of the last
+    # `sliding_window` tokens in every layer, and in compressed layers one entry per `csa_rate` tokens picked by an
+    # indexer over compressed keys (the `index_*` fields: CSA) or one per `hca_rate` tokens read whole (HCA); queries
+    # through a low-rank query latent (`q_lora_rank`), outputs through `o_groups` groups of rank `o_lora_rank`, and a
+    # residual stream `residual_streams` times the hidden state (mHC), mixed before and after each block.
+    keys_are_values: bool = False
+    num_csa_layers: int = 0
+    csa_rate: int = 0
+    num_hca_layers: int = 0
+    hca_rate: int = 0
+    o_groups: int = 0
+    o_lora_rank: int = 0
+    residual_streams: int = 1
 
     @classmethod
     def from_config(cls, config, bytes_per_param: float, quantization: str | None = None,
@@ -131,6 +146,8 @@ class Architecture:
         # Llama 4's chunked layers attend within their 8,192-token chunk: counted as a window that long (at most the
         # same keys, which is all its cache keeps).
         sliding = sum(kind in ("sliding_attention", "chunked_attention") for kind in layer_types)
+        if COMPRESSED_KINDS & set(layer_types):  # every DeepSeek-V4 layer attends over its window
+            sliding = len(layer_types)
         window = config_value(config, "sliding_window", config_value(config, "attention_chunk_size", 0)) or 0
         num_layers = config_value(config, "num_hidden_layers")
         linear = num_linear_layers(config)
@@ -187,6 +204,7 @@ class Architecture:
                if linear else {}),
             **_gemma4_layers(config, layer_types),
             **_indexer(config, layer_types, num_layers),
+            **_compressed_attention(config, layer_types),
         )
 
     @property
@@ -217,6 +235,28 @@ class Architecture:
         return self._attention_params(self.head_dim, self.num_kv_heads, 2)
 
     @property
+    def compressed_attention_params(self) -> int:
+        """A DeepSeek-V4 layer's attention: the query's latent and its heads, the one K=V projection, the grouped
+        low-rank output (each of `o_groups` groups of heads to `o_lora_rank`, then all to the hidden state), a sink per
+        head, and the mixing of the residual streams into and out of the block and its MLP (mHC: `(2 + n) n` weights
+        per element of the n streams, twice)."""
+        h, heads, width = self.hidden_size, self.num_heads, self.num_heads * self.head_dim
+        attention = h * self.q_lora_rank + self.q_lora_rank * width + h * self.head_dim + \
+            width * self.o_lora_rank + self.o_groups * self.o_lora_rank * h + heads
+        n = self.residual_streams
+        return attention + 2 * (2 + n) * n * n * h
+
+    @property
+    def compressor_params(self) -> int:
+        """Every compressed layer's compressor, over all of them: a projection of the hidden state to the entry and one
+        to its gate (CSA's twice as wide: overlapping windows), and CSA's indexer, which compresses keys of its own
+        the same way and projects its queries from the query latent and its heads' weights from the hidden state."""
+        h, d = self.hidden_size, self.head_dim
+        indexer = 2 * h * 2 * self.index_head_dim + self.q_lora_rank * self.index_heads * self.index_head_dim + \
+            h * self.index_heads
+        return self.num_csa_layers * (2 * h * 2 * d + indexer) + self.num_hca_layers * 2 * h * d
+
+    @property
     def full_attention_params(self) -> int:
         """A full-attention layer's weights, where they differ from the others' (Gemma 4's)."""
         if not (self.full_head_dim or self.full_kv_heads):
@@ -234,6 +274,8 @@ class Architecture:
     def mixer_params(self) -> int:
         """Every layer's attention or linear-attention weights; a layer reading another's cache has no K and V
         projections."""
+        if self.keys_are_values:
+            return self.num_layers * self.compressed_attention_params + self.compressor_params
         if self.latent_attention or not (self.full_attention_params != self.attention_params
                                          or self.full_layers_reusing_kv or self.sliding_layers_reusing_kv):
             return (self.num_layers - self.num_linear_layers) * self.attention_params + \
@@ -349,12 +391,16 @@ class Architecture:
         layer's three: two input projections and the output), its fused gate-up and down projections (a mixture's
         router and, where it has them, its shared experts'), Gemma 4's per-layer input projections (one into all
         layers, two in each), and the LM head."""
-        attention = 5 if self.latent_attention else 2
+        # DeepSeek-V4's five (the query's latent and heads, the K=V projection, the grouped output's two) and its
+        # residual streams' mixing before the attention and the MLP.
+        attention = 5 if self.latent_attention else 7 if self.keys_are_values else 2
         mixers = (self.num_layers - self.num_linear_layers) * attention + 3 * self.num_linear_layers
         moe_layer = 1 + (2 if self.shared_intermediate_size else 0)
         mlps = (self.num_layers - self.num_moe_layers) * 2 + self.num_moe_layers * moe_layer
         per_layer_inputs = 2 * self.num_layers + 1 if self.per_layer_input_width else 0
         indexers = 2 * self.num_indexed_layers  # the query projection, and the key and heads' weights fused
+        # DeepSeek-V4's compressors (entry and gate fused) and CSA's indexer (its own compressor, queries, weights).
+        indexers += self.num_hca_layers + 4 * self.num_csa_layers
         return mixers + mlps + per_layer_inputs + indexers + 1
 
     @property
@@ -438,7 +484,7 @@ class Architecture:
         """Elements cached per token and layer: the latent and its rope part, or K and V of every KV head."""
         if self.latent_attention:
             return self.kv_lora_rank + self.qk_rope_head_dim
-        return 2 * self.num_kv_heads * self.head_dim
+        return (1 if self.keys_are_values else 2) * self.num_kv_heads * self.head_dim
 
     @property
     def full_kv_width(self) -> int:
@@ -453,7 +499,18 @@ class Architecture:
         keeps at most `sliding_window` tokens of each sequence (vLLM's hybrid cache manager frees the rest), a few MB
         per sequence whatever its length, which the per-token figure leaves out."""
         return (self.num_full_layers - self.full_layers_reusing_kv) * self.full_kv_width * self.kv_element_bytes + \
-            self.num_indexed_layers * self.index_key_bytes
+            self.num_indexed_layers * self.index_key_bytes + self.compressed_bytes_per_token
+
+    @property
+    def compressed_bytes_per_token(self) -> float:
+        """DeepSeek-V4's compressed entries, per token of context: a CSA layer's entry and its index key every
+        `csa_rate` tokens, an HCA layer's entry every `hca_rate`."""
+        if not self.keys_are_values:
+            return 0.0
+        entry = self.kv_width * self.kv_element_bytes
+        csa = self.num_csa_layers * (entry + self.index_key_bytes) / self.csa_rate if self.num_csa_layers else 0.0
+        hca = self.num_hca_layers * entry / self.hca_rate if self.num_hca_layers else 0.0
+        return csa + hca
 
     @property
     def kv_reread_bytes_per_token(self) -> float:
@@ -463,7 +520,8 @@ class Architecture:
     def activation_bytes_per_token(self, tensor_parallel: int = 1) -> float:
         """What the memory-bound kernels between a layer's GEMMs read and write per token, each GPU, all layers: two
         residual adds fused with an RMSNorm (each reads the hidden state and the residual and writes both: 8 x
-        hidden), rotary embedding on the queries and keys (read and written), the attention's output (written), and
+        hidden; DeepSeek-V4's mHC reads and writes each of its residual streams), rotary embedding on the queries and
+        keys (read and written), the attention's output (written), and
         the gated activation (reads gate and up, writes their product: 3 x the MLP width a token passes through, its
         routed and shared experts' in a mixture; an ungated MLP's activation reads up and writes the result: 2 x). A
         Gated DeltaNet layer has no rotary embedding: its convolution reads and writes its queries, keys and values,
@@ -484,7 +542,8 @@ class Architecture:
         mixers = (self.num_layers - self.num_linear_layers) * (2 * (q + k) + out) + \
             self.num_linear_layers * (2 * self.linear_conv_width + 3 * self.linear_value_width)
         split = mixers + mlp
-        return self.bytes_per_param * (self.num_layers * 8 * self.hidden_size + split / tensor_parallel)
+        residual = self.num_layers * 8 * self.hidden_size * self.residual_streams
+        return self.bytes_per_param * (residual + split / tensor_parallel)
 
     def quantized_inputs_per_token(self, tensor_parallel: int = 1) -> tuple[float, float]:
         """Elements of the linear layers' inputs each GPU quantizes per token over all layers, as (those outside the
@@ -532,9 +591,28 @@ def _indexer(config, layer_types: list, num_layers: int) -> dict:
     topk = config_value(config, "index_topk", 0)
     if not topk:
         return {}
+    if COMPRESSED_KINDS & set(layer_types):  # DeepSeek-V4's indexer picks among compressed entries: its own fields
+        return {"index_topk": topk, "index_heads": config_value(config, "index_n_heads"),
+                "index_head_dim": config_value(config, "index_head_dim")}
     indexed = sum(kind == "indexed_attention" for kind in layer_types) if layer_types else num_layers
     return {"num_indexed_layers": indexed, "index_topk": topk, "index_heads": config_value(config, "index_n_heads"),
             "index_head_dim": config_value(config, "index_head_dim")}
+
+
+def _compressed_attention(config, layer_types: list) -> dict:
+    """DeepSeek-V4's layers (transformers' DeepseekV4Config: `compress_rates` by layer kind, `o_groups`,
+    `o_lora_rank`, `hc_mult`). Every layer attends over its window, a compressed one over its entries besides. Empty
+    for any other model."""
+    kinds = COMPRESSED_KINDS & set(layer_types)
+    if not kinds:
+        return {}
+    rates = config_value(config, "compress_rates", {}) or {}
+    return {"keys_are_values": True, "num_csa_layers": layer_types.count("compressed_sparse_attention"),
+            "csa_rate": rates.get("compressed_sparse_attention", 0),
+            "num_hca_layers": layer_types.count("heavily_compressed_attention"),
+            "hca_rate": rates.get("heavily_compressed_attention", 0),
+            "o_groups": config_value(config, "o_groups"), "o_lora_rank": config_value(config, "o_lora_rank"),
+            "residual_streams": config_value(config, "hc_mult", 1)}
 
 
 def _gemma4_layers(config, layer_types: list) -> dict:
@@ -586,11 +664,12 @@ def _num_moe_layers(config, num_layers: int) -> int:
     return num_layers - config_value(config, "first_k_dense_replace", 0)
 
 
-# The kinds of layer `layer_types` may name that the cost model times: attention over the whole context (DeepSeek-V3.2's
-# and GLM-5's `indexed_attention` too: its indexer picks the keys each query reads, which the roofline counts as all of
-# them), within a window or a chunk, and Gated DeltaNet.
+# The kinds of layer `layer_types` may name that the cost model times: attention over the whole context, over the keys
+# an indexer picks (DeepSeek-V3.2's and GLM-5's `indexed_attention`), within a window or a chunk, over DeepSeek-V4's
+# compressed entries besides its window, and Gated DeltaNet.
+COMPRESSED_KINDS = frozenset({"compressed_sparse_attention", "heavily_compressed_attention"})  # DeepSeek-V4's
 MODELED_LAYER_KINDS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "indexed_attention",
-                                 "linear_attention"})
+                                 "linear_attention"}) | COMPRESSED_KINDS
 # Keys that say a config mixes in state-space (Mamba) or short-convolution layers, whose scan, state and cost the cost
 # model does not have: Jamba, Zamba, Bamba, Falcon-H1, Granite 4.0's hybrids, Nemotron-H, LFM2, RecurrentGemma, Mamba.
 RECURRENT_LAYER_KEYS = ("mamba_d_state", "ssm_state_size", "state_size", "layers_block_type", "block_types",

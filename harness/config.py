@@ -219,7 +219,7 @@ class ModelShape(BaseModel):
     model_type: str
     vocab_size: Count
     hidden_size: Count
-    intermediate_size: Count
+    intermediate_size: Count | None = None  # none in a mixture whose every layer has experts (Qwen3.5's, DeepSeek-V4's)
     num_hidden_layers: Count
     num_attention_heads: Count
     num_key_value_heads: Count | None = None
@@ -363,7 +363,9 @@ def _layers_not_paged(model: dict) -> str:
         found.append("linear-attention layers (Gated DeltaNet)")
     if "chunked_attention" in (model.get("layer_types") or ()):
         found.append("chunked attention layers (Llama 4)")
-    if model.get("index_topk"):
+    if {"compressed_sparse_attention", "heavily_compressed_attention"} & set(model.get("layer_types") or ()):
+        found.append("compressed attention layers (DeepSeek-V4)")
+    elif model.get("index_topk"):
         found.append("sparse attention layers (DeepSeek-V3.2's indexer)")
     if model.get("per_layer_config") or model.get("num_kv_shared_layers") or model.get("hidden_size_per_layer_input"):
         found.append("layers of more than one head size, shared caches or per-layer inputs (Gemma 4)")

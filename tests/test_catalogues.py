@@ -42,6 +42,7 @@ PARAMETERS_B = {
     "gpt-oss-120b": 116.83,
     "deepseek-v3": 671.0,
     "deepseek-v3.2": 671.0,  # its card's 685B less the multi-token-prediction module, as V3's
+    "deepseek-v4-flash": 284.0,
     # Linear attention mixed with full (Gated DeltaNet): Qwen3-Next's card (80B), and Qwen3.5-9B's language model,
     # its checkpoint's 9.65B (19,306,216,416 bytes in BF16) less its vision encoder and multi-token-prediction layer.
     "qwen3-next-80b-a3b": 80.0,
@@ -55,7 +56,7 @@ PARAMETERS_B = {
 # embedding (a lookup, not a multiply) counts: gpt-oss's card leaves it out (5.13B), Qwen's and DeepSeek's do not say.
 ACTIVE_B = {"mixtral-8x7b": 12.9, "qwen3-30b-a3b": 3.3, "qwen3-235b-a22b": 22.0, "gpt-oss-20b": 3.61,
             "gpt-oss-120b": 5.13, "deepseek-v3": 37.0, "llama-4-scout": 17.0, "llama-4-maverick": 17.0,
-            "qwen3.5-35b-a3b": 3.0, "deepseek-v3.2": 37.0}
+            "qwen3.5-35b-a3b": 3.0, "deepseek-v3.2": 37.0, "deepseek-v4-flash": 13.0}
 
 
 @pytest.mark.parametrize("name", catalogue())
@@ -143,8 +144,8 @@ def test_every_mixture_activates_what_its_card_says(name, billions):
 
 def test_an_unknown_model_lists_the_catalogue():
     with pytest.raises(ValueError, match=r"unknown model 'llama-9b': give a model of the catalogue \(conf/model/: "
-                                         r"deepseek-v3, deepseek-v3.2, gpt-oss-120b, .*\) or a folder holding the "
-                                         r"model's config.json"):
+                                         r"deepseek-v3, deepseek-v3.2, deepseek-v4-flash, gpt-oss-120b, .*\) or a "
+                                         r"folder holding the model's config.json"):
         described_model("llama-9b")
     with pytest.raises(ValueError, match="unknown model 'hf'"):  # the hub model's entry describes no model
         described_model("hf")

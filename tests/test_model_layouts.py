@@ -19,16 +19,17 @@ from harness.sim.replica import misread_layout
 # Decoder families, dense and mixtures, with each attention and MLP layout the reader knows: GQA, sliding windows,
 # chunked attention, latent attention with and without an indexer, Gated DeltaNet, output gates, attention sinks,
 # shared experts of either width, leading dense layers, interleaved and ranged MoE layers, two-matrix MLPs, and Gemma
-# 4's full-attention layers of their own head size beside per-layer inputs.
+# 4's full-attention layers of their own head size beside per-layer inputs, and DeepSeek-V4's compressed attention
+# with its grouped output and hyper-connections.
 MODELED = ["llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5_text",
            "qwen3_5_moe_text", "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "gpt_oss", "gemma2", "gemma3_text",
            "llama4_text", "phi3", "phimoe", "olmo2", "olmoe", "glm4", "glm4_moe", "granite", "granitemoe",
            "ernie4_5_moe", "minimax_m2", "exaone4", "smollm3", "seed_oss", "cohere2", "ministral3", "starcoder2",
-           "phi", "gpt_neox", "doge", "gemma4_text"]
+           "phi", "gpt_neox", "doge", "gemma4_text", "deepseek_v4"]
 # Layouts the cost model has no time for: state-space and convolution hybrids, linear attentions other than Gated
-# DeltaNet, DeepSeek-V4's compressed attention, a width per layer.
+# DeltaNet, a width per layer.
 REFUSED = ["mamba2", "jamba", "falcon_h1", "granitemoehybrid", "nemotron_h", "lfm2", "minimax", "kimi_linear",
-           "deepseek_v4", "gemma3n_text"]
+           "gemma3n_text"]
 
 
 def default_config(model_type: str) -> dict:
@@ -181,3 +182,26 @@ def test_deepseek_sparse_attention_reads_and_computes_only_the_keys_its_indexer_
     # scores over every pair in FP8 beside it.
     prompt = StepShape(False, 32000, 1, 32000 * 32001 // 2, 0, 1, masked_pairs=0)
     assert costs[sparse].attention_flops(prompt) < 0.3 * costs[dense].attention_flops(prompt)
+
+
+def test_deepseek_v4_keeps_and_computes_what_its_card_says_against_v32_at_a_million_tokens():
+    """DeepSeek-V4-Flash's card: at 1M tokens of context, 7% of DeepSeek-V3.2's KV cache and 10% of its FLOPs per
+    generated token (as quoted in learnaivisually.com/ai-explained/deepseek-v4-long-context-cost). Here 7.6% and 12%:
+    its window, its CSA entries (one per 4 tokens, 512 picked) and index keys, its HCA entries (one per 128)."""
+    from harness.model_spec import described_model
+    from harness.sim.costmodel import RooflineCostModel, StepShape
+    from harness.sim.costmodel.hardware import get_hardware
+    from tests.conftest import bare_engine
+
+    v4, v32 = (Architecture.from_config(described_model(name), 2) for name in ("deepseek-v4-flash", "deepseek-v3.2"))
+    assert (v4.num_csa_layers, v4.num_hca_layers, v4.num_sliding_layers, v4.kv_width) == (20, 23, 43, 512)
+    # Per token: a CSA layer's 512-wide entry and 132-byte index key every 4 tokens, an HCA layer's every 128.
+    assert v4.kv_bytes_per_token == 20 * (512 * 2 + 132) / 4 + 23 * 512 * 2 / 128
+    assert v4.kv_bytes_per_token / v32.kv_bytes_per_token == pytest.approx(0.07, abs=0.01)
+    # One generated token at 1M tokens of context, on a GPU without FP8 tensor cores (its FLOPs as they are).
+    row = StepShape(False, 1, 1, 10**6, 10**6, 1, decode_pairs=10**6)
+    flops = {}
+    for arch in (v4, v32):
+        costs = RooflineCostModel(arch, get_hardware("a100-80gb"), bare_engine())
+        flops[arch] = sum(costs.gemm_flops(row)) + costs.attention_flops(row)
+    assert flops[v4] / flops[v32] == pytest.approx(0.10, abs=0.03)

@@ -138,6 +138,10 @@ class RooflineCostModel:
         fp8_speedup = hardware.gemm_peak(1.0) / hardware.gemm_peak(arch.bytes_per_param)
         self._index_pair_flops = arch.num_indexed_layers * arch.index_flops_per_pair() / fp8_speedup
         self._indexed_latent_bytes = arch.indexed_latent_bytes_per_token
+        # DeepSeek-V4's CSA layers: the indexer scores each query against every compressed key, the attention reads
+        # the entries it picks.
+        self._compressed_index_flops = arch.num_csa_layers * arch.index_flops_per_pair() / fp8_speedup
+        self._csa_entry_bytes = arch.num_csa_layers * arch.kv_width * arch.kv_element_bytes
         # Linear-attention layers read each sequence's state and write it back once a step (a decode row's token, or
         # a prompt chunk's in one pass), split by value head: `[B, H_v, D_k, D_v]`.
         self._state_shards = min(n, arch.linear_value_heads) if arch.num_linear_layers else 1
@@ -207,16 +211,33 @@ class RooflineCostModel:
             # every pair.
             picked = minimum(1.0, shape.num_tokens * a.index_topk / maximum(pairs, 1))
             full = full - a.num_indexed_layers * per_layer * (1 - picked) + self._index_pair_flops * pairs
+        if a.keys_are_values:
+            full = full + self._compressed_attention_flops(shape, pairs, per_layer)
         if not a.num_sliding_layers:
             return full
         # A sliding layer's query attends to at most `sliding_window` keys.
         windowed = minimum(1.0, shape.num_tokens * a.sliding_window / maximum(pairs, 1))
         return full + a.num_sliding_layers * per_layer * windowed
 
+    def _compressed_attention_flops(self, shape: StepShape, pairs, per_layer):
+        """DeepSeek-V4's compressed layers, beside their window: a CSA query attends to the `index_topk` entries its
+        indexer picks of the one per `csa_rate` tokens before it, the indexer scoring them all; an HCA query to every
+        one of its one per `hca_rate` tokens."""
+        a = self.arch
+        flops = 0.0
+        if a.num_csa_layers:
+            entries = pairs / a.csa_rate
+            picked = minimum(entries, shape.num_tokens * a.index_topk) / maximum(pairs, 1)
+            flops = a.num_csa_layers * per_layer * picked + self._compressed_index_flops * entries
+        if a.num_hca_layers:
+            flops = flops + a.num_hca_layers * per_layer / a.hca_rate
+        return flops
+
     def kv_bytes(self, shape: StepShape):
         """KV bytes the step moves, all GPUs together: every cached key and value each query's sequence attends to
         (a sliding layer's last `sliding_window`; a layer reading another's cache reads it again; an indexed layer the
-        keys its indexer picks), and the step's new ones."""
+        keys its indexer picks; DeepSeek-V4's compressed entries, a CSA layer's those its indexer picks), and the
+        step's new ones."""
         a = self.arch
         read = self._kv_bytes_per_token * (shape.kv_tokens_read + shape.num_tokens)
         if self._kv_reread_bytes_per_token:
@@ -226,6 +247,10 @@ class RooflineCostModel:
             # picked for each query: a decode row's `index_topk`, a prompt chunk's whole context at most once.
             picked = minimum(shape.kv_tokens_read, shape.num_tokens * self.arch.index_topk)
             read = read - self._indexed_latent_bytes * (shape.kv_tokens_read - picked)
+        if self._csa_entry_bytes:
+            # A CSA layer reads every compressed index key but only the entries picked for each query.
+            entries = shape.kv_tokens_read / a.csa_rate
+            read = read - self._csa_entry_bytes * (entries - minimum(entries, shape.num_tokens * a.index_topk))
         if not a.num_sliding_layers:
             return read
         sliding = a.num_sliding_layers * a.kv_width * a.kv_element_bytes
