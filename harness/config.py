@@ -16,8 +16,8 @@ from hydra.core.override_parser.types import ValueType
 from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from harness.architecture import KV_DTYPES, QUANTIZATIONS, num_linear_layers
 from harness.core.kv_cache import EVICTION_ORDERS
+from harness.layout import KV_DTYPES, QUANTIZATIONS, num_linear_layers
 from harness.model_spec import DTYPE_BYTES, read_model_config
 from harness.sim.engine_profile import DEFAULT_ENGINE, get_engine
 from strategies.continuous import ADMISSIONS, ORDERS

@@ -15,7 +15,8 @@ import time
 import numpy as np
 import torch
 
-from harness.architecture import FORMAT_BYTES, Architecture
+from harness.architecture import Architecture
+from harness.layout import FORMAT_BYTES
 from harness.model_spec import DTYPE_BYTES, read_model_config
 from harness.sim.costmodel import StepShape, build_cost_model
 

@@ -13,11 +13,11 @@ from omegaconf import DictConfig
 from harness.analysis import metrics
 from harness.analysis.results import RunInterrupted, write_csv
 from harness.analysis.run_files import finish_run
-from harness.architecture import config_value
 from harness.config import PEERS, ConfigError, RunConfig, validate
 from harness.core.engine import Engine
 from harness.core.replay import replay
 from harness.environment import environment
+from harness.layout import config_value
 from harness.machine_load import MachineLoad, measurement
 from harness.model_spec import read_model_config
 from harness.run_parts import configured_replica, device_caps, device_num_blocks, largest_step, load_workload

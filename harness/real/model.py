@@ -6,7 +6,7 @@ import logging
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
-from harness.architecture import config_value
+from harness.layout import config_value
 from harness.model_spec import dtype_name, load_tokenizer, read_model_config
 
 log = logging.getLogger(__name__)

@@ -20,9 +20,10 @@ import pandas as pd
 import yaml
 
 from harness.analysis import metrics
-from harness.architecture import Architecture, config_value
+from harness.architecture import Architecture
 from harness.core.replay import replay
 from harness.core.replica import build_replica
+from harness.layout import config_value
 from harness.model_spec import described_model
 from harness.sim.calibration import BOUNDS, CHAT_PARAMS, MOE_PARAMS, RooflineParams
 from harness.sim.costmodel import RooflineCostModel
