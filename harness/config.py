@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from harness.core.kv_cache import EVICTION_ORDERS
-from harness.layout import KV_DTYPES, QUANTIZATIONS, num_linear_layers
+from harness.layout import COMPRESSED_KINDS, KV_DTYPES, QUANTIZATIONS, num_linear_layers
 from harness.model_spec import DTYPE_BYTES, read_model_config
 from harness.sim.engine_profile import DEFAULT_ENGINE, get_engine
 from strategies.continuous import ADMISSIONS, ORDERS
@@ -363,7 +363,7 @@ def _layers_not_paged(model: dict) -> str:
         found.append("linear-attention layers (Gated DeltaNet)")
     if "chunked_attention" in (model.get("layer_types") or ()):
         found.append("chunked attention layers (Llama 4)")
-    if {"compressed_sparse_attention", "heavily_compressed_attention"} & set(model.get("layer_types") or ()):
+    if COMPRESSED_KINDS & set(model.get("layer_types") or ()):
         found.append("compressed attention layers (DeepSeek-V4)")
     elif model.get("index_topk"):
         found.append("sparse attention layers (DeepSeek-V3.2's indexer)")

@@ -209,7 +209,7 @@ class RooflineCostModel:
         if a.num_indexed_layers:
             # An indexed layer's query attends to the `index_topk` keys its indexer picks, the indexer itself scoring
             # every pair.
-            picked = minimum(1.0, shape.num_tokens * a.index_topk / maximum(pairs, 1))
+            picked = self._picked(pairs, shape) / maximum(pairs, 1)
             full = full - a.num_indexed_layers * per_layer * (1 - picked) + self._index_pair_flops * pairs
         if a.keys_are_values:
             full = full + self._compressed_attention_flops(shape, pairs, per_layer)
@@ -227,11 +227,16 @@ class RooflineCostModel:
         flops = 0.0
         if a.num_csa_layers:
             entries = pairs / a.csa_rate
-            picked = minimum(entries, shape.num_tokens * a.index_topk) / maximum(pairs, 1)
+            picked = self._picked(entries, shape) / maximum(pairs, 1)
             flops = a.num_csa_layers * per_layer * picked + self._compressed_index_flops * entries
         if a.num_hca_layers:
             flops = flops + a.num_hca_layers * per_layer / a.hca_rate
         return flops
+
+    def _picked(self, candidates, shape: StepShape):
+        """Of the keys (or compressed entries) an indexer scores for the step's queries, those they attend to and
+        read: `index_topk` a query at most (a decode row's own, a prompt chunk's whole context once)."""
+        return minimum(candidates, shape.num_tokens * self.arch.index_topk)
 
     def kv_bytes(self, shape: StepShape):
         """KV bytes the step moves, all GPUs together: every cached key and value each query's sequence attends to
@@ -244,13 +249,13 @@ class RooflineCostModel:
             read = read + self._kv_reread_bytes_per_token * shape.kv_tokens_read
         if self._indexed_latent_bytes:
             # An indexed layer reads every cached token's index key but only the K and V (the latent) of the keys
-            # picked for each query: a decode row's `index_topk`, a prompt chunk's whole context at most once.
-            picked = minimum(shape.kv_tokens_read, shape.num_tokens * self.arch.index_topk)
-            read = read - self._indexed_latent_bytes * (shape.kv_tokens_read - picked)
+            # picked for each query.
+            cached = shape.kv_tokens_read
+            read = read - self._indexed_latent_bytes * (cached - self._picked(cached, shape))
         if self._csa_entry_bytes:
             # A CSA layer reads every compressed index key but only the entries picked for each query.
             entries = shape.kv_tokens_read / a.csa_rate
-            read = read - self._csa_entry_bytes * (entries - minimum(entries, shape.num_tokens * a.index_topk))
+            read = read - self._csa_entry_bytes * (entries - self._picked(entries, shape))
         if not a.num_sliding_layers:
             return read
         sliding = a.num_sliding_layers * a.kv_width * a.kv_element_bytes
