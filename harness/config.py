@@ -105,10 +105,12 @@ class SimRunnerConfig(Strict):
     # SGLang's --scheduler-recv-interval (an sglang profile's scheduler): decode batches between takes of new requests.
     scheduler_recv_interval: Count | None = None
     # A mixture of experts' grouped GEMMs: their share of the dense GEMMs' efficiency with many tokens per expert,
-    # the tokens per expert at which they reach half of it, and the GPU time each touched expert costs a layer.
+    # the tokens per expert at which they reach half of it, the GPU time each touched expert costs a layer, and the
+    # time each MoE layer costs whatever its experts.
     moe_efficiency: Fraction | None = None
     moe_tokens_half: Annotated[Number, Field(ge=0)] | None = None
     expert_overhead_s: Annotated[Number, Field(ge=0, le=1e-3)] | None = None
+    moe_layer_overhead_s: Annotated[Number, Field(ge=0, le=1e-3)] | None = None
     tensor_parallel: Count = 1  # GPUs of one node behind one engine (weights and attention heads split N ways)
     expert_parallel: bool = False  # a mixture's experts spread whole over the tensor-parallel GPUs
     calibration: str | None = None  # a YAML from `python -m harness.sim.calibrate`: its figures replace these

@@ -143,6 +143,19 @@ def test_expert_gemms_reach_less_of_peak_with_fewer_tokens_per_expert():
     assert slow.predict(prefill) > ideal.predict(prefill)
 
 
+def test_a_moe_layer_costs_its_fixed_time_whatever_its_experts_and_a_dense_model_none():
+    per_layer = 50e-6
+    for tensor_parallel, expert_parallel in ((1, False), (8, False), (8, True)):
+        deepseek = arch("deepseek-v3", quantization="fp8")  # 58 MoE layers of its 61
+        plain, fixed = (RooflineCostModel(deepseek, H200, bare_engine(moe_layer_overhead_s=s),
+                                          tensor_parallel=tensor_parallel, expert_parallel=expert_parallel)
+                        for s in (0.0, per_layer))
+        for step in (decode(1, 1000), decode(256, 1000)):  # 8 experts touched, or all 256: the same time
+            assert fixed.predict(step) - plain.predict(step) == pytest.approx(58 * per_layer)
+    dense = [RooflineCostModel(arch("qwen3-32b"), H100, bare_engine(moe_layer_overhead_s=s)) for s in (0.0, 1e-4)]
+    assert dense[0].predict(decode(8, 500)) == dense[1].predict(decode(8, 500))
+
+
 def test_async_scheduling_hides_the_host_behind_the_gpus_step():
     host = {"step_overhead_s": 2e-3, "seq_overhead_s": 0.0, "token_overhead_s": 0.0}
     plain = RooflineCostModel(arch("qwen3-8b"), H100, bare_engine(**host))

@@ -131,7 +131,7 @@ def test_calibrate_fits_measured_runs_and_reports_the_held_out(tmp_path):
     assert set(written["params"]) == {"compute_efficiency", "memory_efficiency", "step_overhead_s",
                                       "seq_overhead_s", "token_overhead_s", "frontend_latency_s",
                                       "frontend_service_s", "chat_latency_s", "moe_efficiency", "moe_tokens_half",
-                                      "expert_overhead_s"}
+                                      "expert_overhead_s", "moe_layer_overhead_s"}
     assert written["errors"]["kvcached-h100-qwen3-0.6b-rate-16"]["output_throughput_tps"] == pytest.approx(0,
                                                                                                            abs=0.05)
     assert "held out" in result.stdout and "lambda-h100-mistral-7b-10" in result.stdout

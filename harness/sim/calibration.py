@@ -20,6 +20,7 @@ class RooflineParams:
     moe_efficiency: float = 1.0
     moe_tokens_half: float = 0.0
     expert_overhead_s: float = 0.0
+    moe_layer_overhead_s: float = 0.0
 
 
 # The range each parameter may take: physical limits, wide enough for any engine we have seen. A sequence's host
@@ -37,9 +38,10 @@ BOUNDS = RooflineParams(
     moe_efficiency=(0.05, 1.0),
     moe_tokens_half=(0.0, 256.0),
     expert_overhead_s=(0.0, 2e-5),
+    moe_layer_overhead_s=(0.0, 3e-4),
 )
 # Fitted only where a fit has runs of a mixture of experts: dense runs do not pin them.
-MOE_PARAMS = ("moe_efficiency", "moe_tokens_half", "expert_overhead_s")
+MOE_PARAMS = ("moe_efficiency", "moe_tokens_half", "expert_overhead_s", "moe_layer_overhead_s")
 # Fitted only where a fit has runs a client sent to the chat endpoint: completions runs do not pin it.
 CHAT_PARAMS = ("chat_latency_s",)
 
@@ -55,7 +57,7 @@ def load_calibration(path: str | Path) -> dict:
         # Files fitted before the per-token overhead, the MoE figures and the chat endpoint's latency existed were
         # fitted without them.
         figures = {"token_overhead_s": 0.0, "chat_latency_s": 0.0, "moe_efficiency": 1.0, "moe_tokens_half": 0.0,
-                   "expert_overhead_s": 0.0} | figures
+                   "expert_overhead_s": 0.0, "moe_layer_overhead_s": 0.0} | figures
     if not isinstance(figures, dict) or set(figures) != set(asdict(BOUNDS)):
         raise ValueError(f"runner.calibration: {str(path)!r} is not a file written by python -m "
                          f"harness.sim.calibrate (its params must be {', '.join(asdict(BOUNDS))})")

@@ -56,6 +56,7 @@ class EngineSpec(Strict):
     moe_efficiency: Share = 1.0
     moe_tokens_half: Annotated[float, Field(ge=0)] = 0.0
     expert_overhead_s: Annotated[float, Field(ge=0, le=1e-3)] = 0.0
+    moe_layer_overhead_s: Annotated[float, Field(ge=0, le=1e-3)] = 0.0
     cache_sizing: Literal["share", "vllm", "sglang"] = "share"
     activation_traffic: bool = False
     flash_attention: bool = False
@@ -104,6 +105,10 @@ class EngineProfile:
     # GPU time each expert a step touches costs a mixture's layer whatever its tokens (the grouped GEMM's per-expert
     # tiles, its routing and permutation kernels): at a decode batch of a few tokens, most of a MoE layer's time.
     expert_overhead_s: float = 0.0
+    # GPU time each MoE layer costs whatever its tokens and experts: the chain of small kernels around the grouped
+    # GEMMs (routing, sorting tokens by expert, quantizing their activations, the activation, the weighted sum), each
+    # a few microseconds at a decode batch's size.
+    moe_layer_overhead_s: float = 0.0
     # How it sizes its KV cache from `kv_cache.memory_fraction` of the GPU (`costmodel.startup_memory`): `vllm`
     # holds back its profile run's peak as well as the weights (default share 0.9, --gpu-memory-utilization);
     # `sglang`'s share is the weights' and the cache's alone (--mem-fraction-static, by default SGLang's own from the

@@ -37,7 +37,8 @@ latent cache is held whole by every GPU), and two all-reduces per layer move the
 over the node's links: a ring all-reduce takes 2 (N-1) steps, each sending 1/N of the message to the next GPU. With
 `expert_parallel`, each GPU holds whole experts instead of a slice of every one: the same bytes and FLOPs in total,
 but the busiest GPU's share of the experts a step touches sets the time (a few tokens touch few experts, unevenly).
-Each expert a layer touches also costs the engine's `expert_overhead_s` of GPU time whatever its tokens.
+Each expert a layer touches also costs the engine's `expert_overhead_s` of GPU time whatever its tokens, and each
+MoE layer its `moe_layer_overhead_s` whatever its experts (the small kernels around the grouped GEMMs).
 
 The engine adds its host time per step (`EngineProfile`: fixed, per sequence, per token); with async scheduling
 that work overlaps the GPU's step and only what exceeds it shows. Taking one max over the step's totals instead
@@ -334,7 +335,8 @@ class RooflineCostModel:
             busiest = self._busiest(touched)
             seconds = seconds + maximum(expert_flops / (expert_peak * self.engine.moe_share(per_expert)),
                                         self._expert_bytes_of(busiest) / memory)
-            seconds = seconds + a.num_moe_layers * busiest * self.engine.expert_overhead_s
+            seconds = seconds + a.num_moe_layers * (busiest * self.engine.expert_overhead_s
+                                                    + self.engine.moe_layer_overhead_s)
         kv_per_gpu = self.kv_bytes(shape) / self._kv_shards
         pairs = self.attention_pairs(shape)
         attention_compute = compute
