@@ -62,7 +62,8 @@ def run_job(raw: DictConfig, run_dir: Path) -> dict:
               "cost_model": type(replicas[0].runner.cost_model).__name__ if cfg.runner.name == "sim" else None,
               # The serving engine a roofline modelled (its profile's name, or a file's, or `inline`).
               "engine_profile": _engine_name(cfg.runner) if getattr(cfg.runner, "hardware", None) else None,
-              "weights": _weights(cfg)}
+              "weights": _weights(cfg),
+              "layout_warning": replicas[0].layout_warning}
     tables = [_tables(engine) for engine in replicas]
     requests = pd.concat([t[0] for t in tables]).sort_values("request_id").reset_index(drop=True)
     steps = pd.concat([t[1].assign(replica=i) for i, t in enumerate(tables)], ignore_index=True)

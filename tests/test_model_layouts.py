@@ -129,21 +129,26 @@ def test_a_model_whose_count_strays_from_transformers_says_by_how_much():
     assert misread_layout({"model_type": "not-a-model", "hidden_size": 8}, wider) is None  # nothing to build
 
 
-def test_a_run_of_a_model_folder_warns_when_its_layout_is_misread(tmp_path, caplog):
-    from harness.config import compose_config, validate
-    from harness.sim.replica import simulated_replicas
+def test_a_run_of_a_model_folder_warns_when_its_layout_is_misread_and_its_summary_and_report_say_so(tmp_path, caplog):
+    from harness.config import compose_config
+    from harness.job import run_job
 
     # Llama 4's name for its dense layers' MLP width, in a Llama config: the reader takes it, Llama's code does not.
     config = default_config("llama") | {"intermediate_size_mlp": 2 * 11008}
     (tmp_path / "config.json").write_text(json.dumps(config))
     word_tokenizer(config["vocab_size"]).save_pretrained(tmp_path)
-    cfg = validate(compose_config(["runner=sim", "runner.hardware=h100", "model=hf", f"model.name={tmp_path}",
-                          "workload=random", "workload.input_len=64", "workload.output_len=8",
-                          "workload.num_requests=4"]))
+    run = ["runner=sim", "runner.hardware=h100", "workload=random", "workload.input_len=64", "workload.output_len=8",
+           "workload.num_requests=4", "progress=false"]
     with caplog.at_level("WARNING"):
-        simulated_replicas(cfg)
+        summary = run_job(compose_config([*run, "model=hf", f"model.name={tmp_path}"]), tmp_path / "misread")
     warnings = [record.message for record in caplog.records if "transformers builds" in record.message]
     assert len(warnings) == 1 and "'llama'" in warnings[0] and "6.74B (+" in warnings[0]
+    # A sweep's runs keep it: the summary and the report say it, and a catalogue model's run says nothing.
+    written = json.loads((tmp_path / "misread" / "summary.json").read_text())
+    assert written["layout_warning"] == summary["layout_warning"] == warnings[0]
+    assert warnings[0] in (tmp_path / "misread" / "report.md").read_text()
+    described = run_job(compose_config([*run, "model=llama-2-7b"]), tmp_path / "described")
+    assert described["layout_warning"] is None
 
 
 def test_this_harness_own_runner_refuses_gemma4s_layers_in_one_line(tmp_path):

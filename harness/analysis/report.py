@@ -78,10 +78,11 @@ def run_report(summary: dict, requests: pd.DataFrame, steps: pd.DataFrame | None
                plots: list, tables: list[str]) -> str:
     """`steps` None: a peer, which reports no steps. `tables`: the table files written beside the report."""
     ended = requests[requests.status.isin([RequestStatus.REJECTED.label, RequestStatus.FAILED.label])]
-    warning = summary.get("measurement_warning")
+    warning, misread = summary.get("measurement_warning"), summary.get("layout_warning")
     parts = [
         f"# {summary['strategy']} on {summary['workload']}",
         "",
+        *([f"> **Warning**: {misread}.", ""] if misread else []),
         *([f"> **Warning**: {warning} (see Measurement below).", ""] if warning else []),
         "```",
         terminal_table(summary),

@@ -63,8 +63,9 @@ def finish_run(run_dir: Path, raw: DictConfig, cfg: RunConfig, records: list[Req
     write_results(run_dir, raw, cfg, records, requests, steps, summary, workload_info)
     print(terminal_table(summary))
     print(f"results: {run_dir}")
-    if summary.get("measurement_warning"):
-        print(f"warning: {summary['measurement_warning']}", file=sys.stderr)
+    for warning in ("layout_warning", "measurement_warning"):
+        if summary.get(warning):
+            print(f"warning: {summary[warning]}", file=sys.stderr)
     if interrupted is not None:
         raise interrupted
     return summary

@@ -54,6 +54,7 @@ class Engine:
         self.num_output_tokens = 0
         self.num_done = 0  # requests finished or rejected
         self.caps_source = ""  # where `auto` engine caps came from, for the report
+        self.layout_warning: str | None = None  # a simulated model's shape read wrong from its config, for the report
         # Called with a request's id and the time it finishes or is rejected (the client frees a slot, or sends the
         # conversation's next turn).
         self.on_done = None

@@ -73,7 +73,8 @@ def simulated_replicas(cfg: RunConfig):
         costs = build_cost_model(cfg.runner, arch)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if cfg.model.source == "hf" and (misread := misread_layout(config, arch)):
+    misread = misread_layout(config, arch) if cfg.model.source == "hf" else None
+    if misread:
         log.warning(misread)
     tokenizer = load_tokenizer(cfg.model)
     workload = load_workload(cfg, config["vocab_size"], tokenizer, config["max_position_embeddings"],
@@ -98,6 +99,8 @@ def simulated_replicas(cfg: RunConfig):
     replicas = [configured_replica(cfg, lambda allocator: SimRunner(costs), blocks, config["max_position_embeddings"],
                                    (), engine_class, caps, scheduler, recv_interval, state_blocks)
                 for _ in range(cfg.runner.replicas)]
+    for replica in replicas:
+        replica.layout_warning = misread  # the summary keeps it, so a sweep's table says which runs it touches
     route = make_router(cfg.runner.router, cfg.runner.router_load_weight) if len(replicas) > 1 else None
     return replicas, route, workload, "cpu", dtype
 
