@@ -156,6 +156,24 @@ def test_a_moe_layer_costs_its_fixed_time_whatever_its_experts_and_a_dense_model
     assert dense[0].predict(decode(8, 500)) == dense[1].predict(decode(8, 500))
 
 
+def test_vllm_holds_gpt_oss_mxfp4_experts_padded_to_its_kernels_tiles_as_its_log_shows():
+    gpt_oss = arch("gpt-oss-120b")  # experts 2880 wide and 2880 deep, in MXFP4
+    vllm, sglang = (RooflineCostModel(gpt_oss, H100, get_engine(name)) for name in ("vllm-v1", "sglang"))
+    # vLLM 0.10.1 on an H100 (vllm-project/vllm issue #23278): "Model loading took 65.9651 GiB".
+    assert vllm.weight_bytes / 2**30 == pytest.approx(65.97, rel=0.005)
+    assert sglang.weight_bytes == gpt_oss.weight_bytes  # 60.7 GiB: SGLang's kernels take the experts as they ship
+    assert vllm.expert_bytes_per_gpu(4) == pytest.approx(sglang.expert_bytes_per_gpu(4) * 3072 * 2944 / 2880**2)
+    two = RooflineCostModel(gpt_oss, H100, get_engine("vllm-v1"), tensor_parallel=2)  # 1440 a GPU: 1536
+    assert two.expert_bytes_per_gpu(4096) * 2 == pytest.approx(sglang.expert_bytes_per_gpu(4096) * 3072 * 1536 / 2880
+                                                               / 1440)
+    # Nothing to pad in BF16, or in a model whose widths fill the tiles.
+    bf16 = arch("gpt-oss-120b", quantization="bf16")
+    assert RooflineCostModel(bf16, H100, get_engine("vllm-v1")).weight_bytes == bf16.weight_bytes
+    deepseek = arch("deepseek-v3", quantization="fp4")
+    assert RooflineCostModel(deepseek, B200, get_engine("vllm-v1"), tensor_parallel=4).weight_bytes == \
+        pytest.approx(deepseek.weight_bytes)
+
+
 def test_async_scheduling_hides_the_host_behind_the_gpus_step():
     host = {"step_overhead_s": 2e-3, "seq_overhead_s": 0.0, "token_overhead_s": 0.0}
     plain = RooflineCostModel(arch("qwen3-8b"), H100, bare_engine(**host))

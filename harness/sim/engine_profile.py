@@ -63,6 +63,7 @@ class EngineSpec(Strict):
     decode_rows_in_query_tiles: bool = False
     gemm_knee: bool = False
     stream_bandwidth_cap: bool = False
+    padded_fp4_experts: bool = False
     # Figures measured elsewhere, which a fit keeps as they are: each with the measurement it was read from.
     held: dict[str, str] = {}
 
@@ -138,6 +139,11 @@ class EngineProfile:
     # (`Hardware.gemm_fixed_s`): its `memory_efficiency` was measured on a Hopper GPU, which streams at that share
     # of its datasheet. False: a share fitted with each GPU's own shortfall in it (`vllm-0.5`).
     stream_bandwidth_cap: bool = False
+    # Whether it holds FP4 experts padded to its MoE kernels' tiles, each expert's hidden width to a multiple of 256
+    # and each GPU's share of its intermediate width to one of 128: vLLM's Marlin (Hopper, Ampere) and TensorRT-LLM
+    # (Blackwell) MXFP4 kernels (`mxfp4_round_up_hidden_size_and_intermediate_size`), which gpt-oss's 2880-wide
+    # experts fill to 3072 x 2944 on one GPU: 9% more bytes held, read and computed.
+    padded_fp4_experts: bool = False
     held: tuple[str, ...] = ()  # figures a fit keeps (`EngineSpec.held`: measured elsewhere)
 
     def __post_init__(self):

@@ -127,7 +127,10 @@ class RooflineCostModel:
         gemm_fixed_s = hardware.gemm_fixed_s if engine.stream_bandwidth_cap else 0.0
         self._dense_fixed_s = arch.num_dense_gemms * gemm_fixed_s
         self._dense_widened = hardware.widens(arch.weight_format_bytes)
-        self._expert_bytes = arch.num_moe_layers * arch.expert_params * arch.expert_format_bytes
+        self._expert_padding = self._padded_expert_params() / arch.expert_params if arch.num_experts else 1.0
+        self._expert_bytes = arch.num_moe_layers * arch.expert_params * arch.expert_format_bytes * self._expert_padding
+        self.weight_bytes = arch.weight_bytes + (self._expert_padding - 1) * arch.routed_expert_params * \
+            arch.expert_format_bytes
         self._prefill_pair_flops = arch.attention_flops_per_pair(decode=False)
         self._decode_pair_flops = arch.attention_flops_per_pair(decode=True)
         self._kv_bytes_per_token, self._kv_shards = arch.kv_bytes_per_token, arch.kv_shards(n)
@@ -152,6 +155,20 @@ class RooflineCostModel:
         self._activation_bytes = 0.0
         if engine.activation_traffic:
             self._activation_bytes = arch.activation_bytes_per_token(n) + self._input_quantization_bytes(n)
+
+    # The weights' memory on all GPUs together, the experts as the engine holds them (`_padded_expert_params`).
+    weight_bytes: float
+
+    def _padded_expert_params(self) -> int:
+        """One expert's parameters as the engine holds them (`EngineProfile.padded_fp4_experts`): its hidden width to
+        a multiple of 256, each GPU's share of its intermediate width (all of it with expert parallelism) to one of
+        128, in FP4 alone."""
+        a = self.arch
+        if not (self.engine.padded_fp4_experts and a.expert_format_bytes < 1):
+            return a.expert_params
+        split = 1 if self.expert_parallel else self.tensor_parallel
+        width = -(-a.expert_intermediate_size // split // 128) * 128 * split
+        return 3 * -(-a.hidden_size // 256) * 256 * width
 
     def _input_quantization_bytes(self, tensor_parallel: int) -> float:
         """Bytes each GPU moves per token quantizing the linear layers' inputs for FP8 or FP4 tensor cores
@@ -183,7 +200,7 @@ class RooflineCostModel:
         """Dense GEMMs (attention projections, dense and shared-expert MLPs, routers, the LM head) and the routed
         experts' GEMMs, over the step's tokens."""
         dense = 2 * self._dense_params * shape.num_tokens + 2 * self.arch.embedding_params * shape.num_sampled
-        return dense, 2 * self._routed_params * shape.num_tokens
+        return dense, 2 * self._routed_params * self._expert_padding * shape.num_tokens
 
     def attention_pairs(self, shape: StepShape):
         """The query-key pairs the step's attention computes."""
@@ -366,17 +383,17 @@ class RooflineCostModel:
             num_seqs, num_tokens = caps
             held = profile_run_bytes(a, num_tokens, num_seqs, n, self.expert_parallel)
         usable = self.hardware.memory_bytes * memory_fraction - held
-        if n * usable <= a.weight_bytes:
+        if n * usable <= self.weight_bytes:
             gpus = f"{n} x {self.hardware.name}" if n > 1 else self.hardware.name
             needed = next((k for k in (2, 4, 8, 16) if k > n and not a.num_heads % k
-                           and k * usable > a.weight_bytes * 1.1), None)
+                           and k * usable > self.weight_bytes * 1.1), None)
             hint = f"; runner.tensor_parallel={needed} would hold them" if needed else ""
-            because_held = n * (usable + held) > a.weight_bytes  # they would fit but for the start-up's peak
-            raise ValueError(f"the model's weights ({a.weight_bytes / 1e9:.1f} GB) do not fit in "
+            because_held = n * (usable + held) > self.weight_bytes  # they would fit but for the start-up's peak
+            raise ValueError(f"the model's weights ({self.weight_bytes / 1e9:.1f} GB) do not fit in "
                              f"{memory_fraction:.0%} of {gpus}'s {self.hardware.memory_bytes / 1e9:.0f} GB"
                              f"{f' less the {held / 1e9:.1f} GB the engine holds at start-up' if because_held else ''}"
                              f"{hint}")
-        return int((n * usable - a.weight_bytes) // self._block_bytes(block_size))
+        return int((n * usable - self.weight_bytes) // self._block_bytes(block_size))
 
     def state_blocks(self, block_size: int) -> int:
         """Blocks of the cache each running sequence holds for its linear-attention state, all GPUs together: a
