@@ -103,8 +103,8 @@ class EngineProfile:
     # efficiency with many tokens per expert, and half that at `moe_tokens_half` tokens per expert.
     moe_efficiency: float = 1.0
     moe_tokens_half: float = 0.0
-    # GPU time each expert a step touches costs a mixture's layer whatever its tokens (the grouped GEMM's per-expert
-    # tiles, its routing and permutation kernels): at a decode batch of a few tokens, most of a MoE layer's time.
+    # GPU time each expert a step touches costs a mixture's layer whatever its tokens (the grouped GEMM's tiles of
+    # that expert, each waiting on its own weights).
     expert_overhead_s: float = 0.0
     # GPU time each MoE layer costs whatever its tokens and experts: the chain of small kernels around the grouped
     # GEMMs (routing, sorting tokens by expert, quantizing their activations, the activation, the weighted sum), each

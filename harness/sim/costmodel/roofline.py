@@ -129,6 +129,7 @@ class RooflineCostModel:
         self._dense_widened = hardware.widens(arch.weight_format_bytes)
         self._expert_padding = self._padded_expert_params() / arch.expert_params if arch.num_experts else 1.0
         self._expert_bytes = arch.num_moe_layers * arch.expert_params * arch.expert_format_bytes * self._expert_padding
+        # The weights' memory on all GPUs together, the experts as the engine holds them.
         self.weight_bytes = arch.weight_bytes + (self._expert_padding - 1) * arch.routed_expert_params * \
             arch.expert_format_bytes
         self._prefill_pair_flops = arch.attention_flops_per_pair(decode=False)
@@ -155,9 +156,6 @@ class RooflineCostModel:
         self._activation_bytes = 0.0
         if engine.activation_traffic:
             self._activation_bytes = arch.activation_bytes_per_token(n) + self._input_quantization_bytes(n)
-
-    # The weights' memory on all GPUs together, the experts as the engine holds them (`_padded_expert_params`).
-    weight_bytes: float
 
     def _padded_expert_params(self) -> int:
         """One expert's parameters as the engine holds them (`EngineProfile.padded_fp4_experts`): its hidden width to
