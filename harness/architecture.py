@@ -411,6 +411,12 @@ class Architecture:
             self.num_indexed_layers * self.index_key_bytes + self.compressed_bytes_per_token
 
     @property
+    def sliding_kv_bytes_per_token(self) -> float:
+        """A token's cache across the sliding-window layers that keep one: what an engine that sizes a pool of
+        their own per token (SGLang's) sets beside `kv_bytes_per_token`."""
+        return (self.num_sliding_layers - self.sliding_layers_reusing_kv) * self.kv_width * self.kv_element_bytes
+
+    @property
     def compressed_bytes_per_token(self) -> float:
         """DeepSeek-V4's compressed entries, per token of context: a CSA layer's entry and its index key every
         `csa_rate` tokens, an HCA layer's entry every `hca_rate`."""

@@ -174,6 +174,22 @@ def test_vllm_holds_gpt_oss_mxfp4_experts_padded_to_its_kernels_tiles_as_its_log
         pytest.approx(deepseek.weight_bytes)
 
 
+def test_sglang_sizes_a_pool_for_the_sliding_window_layers_beside_the_full_layers_one():
+    from harness.sim.costmodel.startup_memory import default_memory_fraction
+
+    gpt_oss = arch("gpt-oss-120b")  # 18 full layers and 18 of a 128-token window, alike in width
+    assert gpt_oss.sliding_kv_bytes_per_token == gpt_oss.kv_bytes_per_token == 18 * 2 * 8 * 64 * 2
+    sglang = RooflineCostModel(gpt_oss, H100, get_engine("sglang"))
+    # SGLang's set_num_token_hybrid: N tokens of every layer split as full x 18 + 0.8 full x 18.
+    free = default_memory_fraction("sglang", H100.memory_bytes) * H100.memory_bytes - gpt_oss.weight_bytes
+    assert sglang.num_kv_blocks(16, None) == int(free // (16 * 1.8 * gpt_oss.kv_bytes_per_token))
+    vllm_sized = RooflineCostModel(gpt_oss, H100, get_engine("sglang").overridden({"cache_sizing": "share"}))
+    assert vllm_sized._block_bytes(16) == 16 * gpt_oss.kv_bytes_per_token  # one pool by the token
+    dense = arch("qwen3-8b")
+    assert dense.sliding_kv_bytes_per_token == 0
+    assert RooflineCostModel(dense, H100, get_engine("sglang"))._block_bytes(16) == 16 * dense.kv_bytes_per_token
+
+
 def test_async_scheduling_hides_the_host_behind_the_gpus_step():
     host = {"step_overhead_s": 2e-3, "seq_overhead_s": 0.0, "token_overhead_s": 0.0}
     plain = RooflineCostModel(arch("qwen3-8b"), H100, bare_engine(**host))

@@ -54,7 +54,7 @@ from harness.architecture import Architecture
 from harness.sim.costmodel.elementwise import maximum, minimum, sqrt, where
 from harness.sim.costmodel.hardware import Hardware, widened_gemm_share
 from harness.sim.costmodel.shape import StepShape
-from harness.sim.costmodel.startup_memory import default_memory_fraction, profile_run_bytes
+from harness.sim.costmodel.startup_memory import default_memory_fraction, pool_bytes_per_token, profile_run_bytes
 from harness.sim.engine_profile import EngineProfile
 
 # A ring all-reduce over NVLink: a fixed cost per ring step (a hand-off to the next GPU and its wait), and the
@@ -136,6 +136,7 @@ class RooflineCostModel:
         self._decode_pair_flops = arch.attention_flops_per_pair(decode=True)
         self._kv_bytes_per_token, self._kv_shards = arch.kv_bytes_per_token, arch.kv_shards(n)
         self._kv_reread_bytes_per_token = arch.kv_reread_bytes_per_token
+        self._pool_bytes_per_token = pool_bytes_per_token(arch, engine.cache_sizing)
         # A full-attention layer's pairs cost in proportion to its head size where it differs (Gemma 4's 512 to 256).
         self._full_pair_scale = (arch.full_head_dim or arch.head_dim) / arch.head_dim
         # DeepSeek Sparse Attention's indexer scores every pair in FP8 (DeepGEMM's MQA logits kernel), at the rate the
@@ -416,8 +417,8 @@ class RooflineCostModel:
 
     def _block_bytes(self, block_size: int) -> float:
         """A cache block's bytes, all GPUs together: each token's cache is held by N / shards GPUs (a latent cache
-        by all N)."""
+        by all N), with, under SGLang, its share of the sliding-window layers' own pool (`pool_bytes_per_token`)."""
         if not self._kv_bytes_per_token:
             raise ValueError("the model has no layer attending to its whole context, so no KV cache to size: "
                              "models of linear-attention layers alone are not modelled")
-        return block_size * self._kv_bytes_per_token * (self.tensor_parallel // self._kv_shards)
+        return block_size * self._pool_bytes_per_token * (self.tensor_parallel // self._kv_shards)

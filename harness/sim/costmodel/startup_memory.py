@@ -91,6 +91,21 @@ def sglang_mem_fraction_static(memory_bytes: float, tensor_parallel: int = 1) ->
     return round((memory - reserved) / memory, 3)
 
 
+# SGLang's sliding-window layers keep a pool of their own, sized at start beside the full layers' to hold
+# --swa-full-tokens-ratio (0.8 by default) as many tokens (`ModelRunner.set_num_token_hybrid`: the memory for N tokens
+# of every layer split as full_tokens x full_layers + 0.8 full_tokens x window_layers): each token the full layers
+# can hold costs 0.8 of a window layers' token too.
+SGLANG_SWA_FULL_TOKENS_RATIO = 0.8
+
+
+def pool_bytes_per_token(arch, cache_sizing: str) -> float:
+    """The cache memory one token of the pool the engine sizes takes (`EngineProfile.cache_sizing`): the layers
+    attending to the whole context, and under SGLang its sliding-window layers' pool's share."""
+    if cache_sizing == "sglang":
+        return arch.kv_bytes_per_token + SGLANG_SWA_FULL_TOKENS_RATIO * arch.sliding_kv_bytes_per_token
+    return arch.kv_bytes_per_token
+
+
 def default_memory_fraction(cache_sizing: str, memory_bytes: float, tensor_parallel: int = 1) -> float:
     """The share of a GPU's memory an engine that sizes its cache as `cache_sizing` gives weights and cache by
     default (`EngineProfile.cache_sizing`)."""
