@@ -50,9 +50,10 @@ def test_a_workload_runs_through_vllm_and_the_server_says_what_its_engine_did(vl
     assert summary["server_iteration_tokens"] == 8 * (64 + 16)
     assert 0 < summary["server_iterations"] <= 8 * 16 and summary["server_preemptions"] == 0
     assert 0 < summary["server_ttft_s_mean"] <= summary["ttft_s_mean"]  # the client's TTFT includes the server's
-    # One token a chunk as vLLM streams them, but where the client falls behind (a loaded machine: 1.14 seen in CI),
-    # vLLM's per-request output collector merges the tokens waiting for it into one chunk.
-    assert 1.0 <= summary["stream_tokens_per_chunk"] <= 1.5
+    # One token a chunk as vLLM streams them, but where the client falls behind (a loaded machine: 1.14 and 1.51 seen
+    # in CI), vLLM's per-request output collector merges the tokens waiting for it into one chunk: how many it merges
+    # is the machine's load, so the bound asks only for a stream, far from one chunk of all 16 tokens.
+    assert 1.0 <= summary["stream_tokens_per_chunk"] <= 4.0
 
 
 def test_vllm_finds_the_shared_prefixes_our_cache_finds(vllm, tmp_path):
