@@ -7,6 +7,7 @@ import logging
 from harness.architecture import Architecture
 from harness.config import CPU_ENGINE_CAPS, DEFAULT_MEMORY_FRACTION, ConfigError, RunConfig
 from harness.core.engine import Engine
+from harness.core.kv_cache import WindowBlocks
 from harness.core.replica import build_replica
 from workloads import build_workload
 
@@ -82,12 +83,13 @@ def device_caps(device) -> tuple[tuple[int, int], str]:
 
 def configured_replica(cfg: RunConfig, make_runner, num_blocks: int, max_model_len: int, eos, engine_class,
                        caps: tuple[tuple[int, int], str], scheduler: str = "vllm", recv_interval: int = 1,
-                       state_blocks: int = 0) -> Engine:
+                       state_blocks: int = 0, window: WindowBlocks | None = None) -> Engine:
     """A replica with the strategy's options, `auto` caps replaced by `caps` ((sequences, tokens), whose), continuous
     batching scheduled as `scheduler`'s engine does (SGLang's taking requests in every `recv_interval` steps), each
-    sequence holding `state_blocks` blocks for a linear-attention state (then no prefix caching: not modelled)."""
+    sequence holding `state_blocks` blocks for a linear-attention state (then no prefix caching: not modelled) and
+    its sliding-window layers' blocks as `window` says, if given."""
     (num_seqs, num_tokens), whose = caps
-    most = num_blocks // (1 + state_blocks)
+    most = num_blocks // (1 + state_blocks + (window.held(1) if window else 0))
     if num_seqs > most:  # `auto` fits the hardware: no more running requests than the cache holds at a block each
         num_seqs, whose = most, f"{whose}, capped at the KV cache's {num_blocks} blocks"
     if state_blocks and cfg.kv_cache.prefix_caching:
@@ -102,7 +104,7 @@ def configured_replica(cfg: RunConfig, make_runner, num_blocks: int, max_model_l
                                engine_class=engine_class,
                                prefix_caching=cfg.kv_cache.prefix_caching and not state_blocks,
                                scheduler=scheduler, eviction=cfg.kv_cache.eviction, recv_interval=recv_interval,
-                               state_blocks=state_blocks)
+                               state_blocks=state_blocks, window=window)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     engine.caps_source = f"{', '.join(auto)} from {whose}" if auto else "as configured"

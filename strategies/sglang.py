@@ -148,7 +148,7 @@ class SGLangBatching(ContinuousBatching):
     def _decode_batch(self, running: Sequence[Request]) -> BatchPlan:
         decoding = [r for r in running if r.is_decoding]
         retracted: list[Request] = []
-        opened = sum(map(self._opens_a_block, decoding))  # blocks the decoders' next tokens open
+        opened = sum(map(self._blocks_opened, decoding))  # blocks the decoders' next tokens open
         if opened > self.kv.num_free_blocks:
             # Until the rest have room for 20 more tokens each.
             keep = sorted(decoding, key=lambda r: retraction_order(r.num_output_tokens, r.num_prompt_tokens),
@@ -156,7 +156,7 @@ class SGLangBatching(ContinuousBatching):
             while len(keep) > 1 and (opened > self.kv.num_free_blocks or
                                      self.kv.num_free_blocks * self.kv.block_size < RETRACT_DECODE_STEPS * len(keep)):
                 victim = keep.pop()
-                opened -= self._opens_a_block(victim)
+                opened -= self._blocks_opened(victim)
                 self.kv.free(victim)
                 retracted.append(victim)
             chunking = [r for r in running if not r.is_decoding]
@@ -173,6 +173,7 @@ class SGLangBatching(ContinuousBatching):
                   if self.kv.allocate(r, r.num_computed_tokens + 1)]
         return BatchPlan(chunks=chunks, preempted=retracted)
 
-    def _opens_a_block(self, request: Request) -> bool:
-        """Whether a decoder's next token opens a block."""
-        return self.kv.num_blocks_for(request.num_tokens) > self.kv.num_blocks_for(request.num_computed_tokens)
+    def _blocks_opened(self, request: Request) -> int:
+        """Blocks a decoder's next token opens: one at a block's boundary, more where the pool holds window layers'
+        blocks beside its full layers' (an engine sizing one pool as vLLM does) and those still grow."""
+        return self.kv.num_blocks_for(request.num_tokens) - self.kv.num_blocks_for(request.num_computed_tokens)

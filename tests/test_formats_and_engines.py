@@ -190,6 +190,42 @@ def test_sglang_sizes_a_pool_for_the_sliding_window_layers_beside_the_full_layer
     assert RooflineCostModel(dense, H100, get_engine("sglang"))._block_bytes(16) == 16 * dense.kv_bytes_per_token
 
 
+def test_vllm_holds_a_sequences_last_window_in_blocks_beside_its_full_layers():
+    from harness.core.kv_cache import BlockCount, WindowBlocks
+
+    # gpt-oss: 18 full and 18 window layers, one group each, a 128-token window: cdiv(128, 16) + 1 = 9 blocks at most.
+    window = RooflineCostModel(arch("gpt-oss-120b"), H100, get_engine("vllm-v1")).window_blocks(16)
+    assert window == WindowBlocks(max_blocks=9, window_layers=18, full_layers=18)
+    cache = BlockCount(1000, 16, window=window)
+    assert [cache.num_blocks_for(n) for n in (40, 144, 1000)] == [3 + 3, 9 + 9, 63 + 9]
+    # Llama 4's chunked layers (36 to 12 full: 3 groups) hold up to a chunk's 513 blocks: as much as the full layers'
+    # under 8,192 tokens, so all 48 layers' cache there.
+    chunked = RooflineCostModel(arch("llama-4-scout"), H100, get_engine("vllm-v1")).window_blocks(16)
+    assert chunked == WindowBlocks(max_blocks=513, window_layers=36, full_layers=12)
+    assert BlockCount(10**6, 16, window=chunked).num_blocks_for(1000) == 4 * 63
+    # Gemma 3's pattern, 52 window layers to 10 full: groups of 10, the last padded (60 slots); 12 window layers to
+    # 13 full: one group of 13 each (under 1.5 x).
+    gpt_oss = arch("gpt-oss-120b")
+    for layers, window_layers, expected in ((62, 52, WindowBlocks(9, 60, 10)), (25, 12, WindowBlocks(9, 13, 13))):
+        model = dataclasses.replace(gpt_oss, num_layers=layers, num_sliding_layers=window_layers)
+        assert RooflineCostModel(model, H100, get_engine("vllm-v1")).window_blocks(16) == expected
+    # SGLang keeps a pool of their own (sized beside the full layers'); a model without window layers holds none.
+    assert RooflineCostModel(gpt_oss, H100, get_engine("sglang")).window_blocks(16) is None
+    assert RooflineCostModel(arch("qwen3-8b"), H100, get_engine("vllm-v1")).window_blocks(16) is None
+
+
+def test_a_simulated_gpt_oss_runs_as_many_sequences_as_their_windows_leave_room_for(tmp_path):
+    base = ["runner=sim", "runner.hardware=h100", "model=gpt-oss-20b", "workload=random", "workload.num_requests=12",
+            "workload.input_len=200", "workload.output_len=40", "kv_cache.num_blocks=100", "results.tables=csv",
+            "progress=false"]
+    summary = run_job(compose_config(base), tmp_path)
+    assert summary["num_finished"] == 12
+    # A prompt of 200 enters with 13 blocks of its tokens and 9 of its window layers': 4 fit in 100 blocks, where 7
+    # would without the window's.
+    steps = pd.read_csv(tmp_path / "steps.csv")
+    assert steps.num_seqs.max() == 4 and (steps.kv_used_blocks <= 100).all()
+
+
 def test_async_scheduling_hides_the_host_behind_the_gpus_step():
     host = {"step_overhead_s": 2e-3, "seq_overhead_s": 0.0, "token_overhead_s": 0.0}
     plain = RooflineCostModel(arch("qwen3-8b"), H100, bare_engine(**host))

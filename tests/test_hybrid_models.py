@@ -18,6 +18,7 @@ from harness.sim.costmodel import RooflineCostModel, StepShape
 from harness.sim.costmodel.hardware import get_hardware
 from harness.sim.costmodel.roofline import LINEAR_STATE_STREAM_SHARE
 from harness.sim.engine_profile import get_engine
+from strategies import Request
 from tests.conftest import bare_engine
 
 H100 = get_hardware("h100")
@@ -140,8 +141,11 @@ def test_a_sequences_state_holds_blocks_of_the_cache_as_long_as_it_runs():
     # A sequence of 40 tokens in blocks of 16 holds 3 blocks of tokens and its state's.
     for cache in (BlockCount(1000, 16, state_blocks=99), BlockAllocator(1000, 16, state_blocks=99)):
         assert cache.num_blocks_for(40) == 3 + 99
-    with pytest.raises(ValueError, match="prefix caching of a model with linear-attention layers is not modelled"):
-        BlockAllocator(1000, 16, prefix_caching=True, state_blocks=99)
+    # Its table holds its tokens' blocks alone (what the real runner's slots read); the state's are kept beside it.
+    cache = BlockAllocator(1000, 16, state_blocks=99)
+    request = Request(0, 0.0, [0] * 40, 40, 8)
+    assert cache.allocate(request, 40) and cache.allocate(request, 49)
+    assert len(cache.block_tables[0]) == 4 and cache.num_used_blocks == 4 + 99
 
 
 def test_vllm_makes_a_hybrid_models_block_as_large_as_one_layers_state():

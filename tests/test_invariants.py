@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.core.engine import Engine
-from harness.core.kv_cache import EVICTION_ORDERS
+from harness.core.kv_cache import EVICTION_ORDERS, WindowBlocks
 from harness.core.replay import replay
 from harness.core.replica import build_replica
 from harness.sim.replica import simulated_engine
@@ -40,8 +40,10 @@ def scenarios(draw):
     arrivals = [sum(gaps[:i + 1]) for i in range(n)]
     prefix_caching = draw(st.booleans())  # shared prefixes come with a smaller cache: hits, evictions, preemption
     eviction = draw(st.sampled_from(["auto", *EVICTION_ORDERS]))
-    # A linear-attention state held by each running sequence (not with prefix caching, which it is not modelled with).
-    state_blocks = 0 if prefix_caching else draw(st.sampled_from([0, 0, 1, 4]))
+    # A linear-attention state held by each running sequence, and sliding-window layers' blocks beside the full
+    # layers' (up to a window's cap, 1-3 window layers to 1-3 full ones: gpt-oss's 1:1, or fewer or more).
+    state_blocks = draw(st.sampled_from([0, 0, 1, 4]))
+    window = draw(st.none() | st.builds(WindowBlocks, st.integers(1, 4), st.integers(1, 3), st.integers(1, 3)))
     # Shared prefixes (one of a few, or none) as pieces with matching ids; or every prompt its own.
     shared = prefix_caching and draw(st.booleans())
     prefixes = draw(st.lists(st.integers(0, 40), min_size=n, max_size=n)) if shared else [0] * n
@@ -55,6 +57,7 @@ def scenarios(draw):
         specs.append(RequestSpec(i, arrivals[i], ids, m, prefix_pieces=pieces))
     return {
         "prefix_caching": prefix_caching, "eviction": eviction, "shared": shared, "state_blocks": state_blocks,
+        "window": window,
         "strategy": strategy, "scheduler": scheduler, "options": options, "specs": specs,
         "block_size": draw(st.integers(1, 16)), "num_blocks": draw(st.integers(concurrency, 48 if shared else 160)),
         "max_model_len": draw(st.integers(8, 128)), "replicas": draw(st.integers(1, 3)),
@@ -69,7 +72,8 @@ def run(scenario: dict, engine_class) -> list:
                              num_blocks=scenario["num_blocks"], block_size=scenario["block_size"],
                              max_model_len=scenario["max_model_len"], engine_class=engine_class,
                              prefix_caching=scenario["prefix_caching"], scheduler=scenario["scheduler"],
-                             eviction=scenario["eviction"], state_blocks=scenario["state_blocks"])
+                             eviction=scenario["eviction"], state_blocks=scenario["state_blocks"],
+                             window=scenario["window"])
                for _ in range(scenario["replicas"])]
     route = ROUTERS[scenario["router"]]() if len(engines) > 1 else None
     replay(engines, scenario["specs"], route, max_concurrency=scenario["max_concurrency"])

@@ -25,6 +25,27 @@ class CachePolicy:
     names_output: bool
 
 
+@dataclass(frozen=True)
+class WindowBlocks:
+    """What a sequence's sliding-window layers hold in the one pool beside its full layers' blocks, as vLLM's hybrid
+    cache manager keeps them: layers of one kind in groups of equal size, each group with a block table of its own
+    whose blocks take the pool's page, a window group freeing the blocks wholly before its window. So a block of
+    theirs for each block of tokens, up to `max_blocks` (vLLM's `SlidingWindowSpec.max_admission_blocks_per_request`
+    at one token in flight: cdiv(window, block size) + 1), times `window_layers / full_layers` (their layer slots,
+    padded to whole groups, against the full layers' that the pool's block is sized by). Not held here: a prefill
+    chunk's blocks already behind the window, which vLLM frees at the sequence's next step."""
+
+    max_blocks: int
+    window_layers: int
+    full_layers: int
+
+    def held(self, num_token_blocks):
+        """The window layers' blocks beside `num_token_blocks` blocks of tokens (elementwise on a numpy array)."""
+        capped = np.minimum(num_token_blocks, self.max_blocks) if isinstance(num_token_blocks, np.ndarray) \
+            else min(num_token_blocks, self.max_blocks)
+        return -(-capped * self.window_layers // self.full_layers)
+
+
 EVICTION_ORDERS = ("release_order", "empty_first")
 # Each scheduler's engine's (`strategies.CONTINUOUS_SCHEDULERS`): vLLM's as 0.10-0.23 keep it (vLLM PR #42656, opened
 # 2026-05-14, in later releases, hands blocks holding nothing out first: `kv_cache.eviction=empty_first`), SGLang's.
@@ -35,20 +56,31 @@ CACHE_POLICIES = {"vllm": CachePolicy("release_order", names_output=True),
 class CachePool:
     """A pool of `num_blocks` blocks of `block_size` token slots, kept as `policy` says once named. A model with
     linear-attention layers also keeps a fixed-size state per sequence in the pool, `state_blocks` blocks of it
-    (vLLM's V1 engine holds both in one pool, its state as blocks of the same size)."""
+    (vLLM's V1 engine holds both in one pool, its state as blocks of the same size); one with sliding-window layers
+    may keep their last window there too (`window`)."""
 
-    def __init__(self, num_blocks: int, block_size: int, policy: CachePolicy, state_blocks: int = 0):
+    def __init__(self, num_blocks: int, block_size: int, policy: CachePolicy, state_blocks: int = 0,
+                 window: WindowBlocks | None = None):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"kv_cache needs num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.policy = policy
         self.state_blocks = state_blocks
+        self.window = window
 
     def num_blocks_for(self, num_tokens):
-        """Blocks a sequence of `num_tokens` slots holds: its tokens' (ceil division) and its state's (also
-        elementwise on a numpy array)."""
-        return -(-num_tokens // self.block_size) + self.state_blocks
+        """Blocks a sequence of `num_tokens` slots holds: its tokens' (ceil division), its state's and its window
+        layers' (also elementwise on a numpy array)."""
+        if self.window is None:  # the common case, asked for at every step: no second call
+            return -(-num_tokens // self.block_size) + self.state_blocks
+        return -(-num_tokens // self.block_size) + self.num_side_blocks_for(num_tokens)
+
+    def num_side_blocks_for(self, num_tokens):
+        """Of those, the blocks beside its tokens' own: its state's and its window layers'."""
+        if self.window is None:
+            return self.state_blocks
+        return self.state_blocks + self.window.held(-(-num_tokens // self.block_size))
 
     def num_named_blocks(self, request: Request, num_computed: int) -> int:
         """Blocks of `request` named once `num_computed` of its tokens are: its full ones, prompt ones only unless
@@ -68,8 +100,9 @@ class BlockCount(CachePool):
     """
 
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False,
-                 policy: CachePolicy = CACHE_POLICIES["vllm"], state_blocks: int = 0):
-        super().__init__(num_blocks, block_size, policy, state_blocks)
+                 policy: CachePolicy = CACHE_POLICIES["vllm"], state_blocks: int = 0,
+                 window: WindowBlocks | None = None):
+        super().__init__(num_blocks, block_size, policy, state_blocks, window)
         self.num_used_blocks = 0
         self.prefix_caching = prefix_caching
         # The free blocks in the order they are handed out: run key → [request_id, or None for blocks holding
@@ -168,20 +201,18 @@ class BlockAllocator(CachePool):
     With `prefix_caching`, a request that enters takes the cached blocks of its longest cached prefix
     (`num_cached_tokens`, then `allocate(..., num_cached_tokens)`), and the engine names each full block once it
     is computed (`cache_computed`). Blocks no request holds are free, named ones still cached until handed out
-    again, and are handed out in the order `policy` says. A sequence's state blocks (a simulated linear-attention
-    model: never the real runner's, whose slots are its table's) join its table when it enters.
+    again, and are handed out in the order `policy` says. A sequence's side blocks (its state's and window layers',
+    in a simulation: never the real runner's, whose slots are its table's) are kept beside its table, never named.
     """
 
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False,
-                 policy: CachePolicy = CACHE_POLICIES["vllm"], state_blocks: int = 0):
-        if prefix_caching and state_blocks:
-            # A table's leading blocks are its tokens' in order, which naming reads; state blocks would break that.
-            raise ValueError("prefix caching of a model with linear-attention layers is not modelled: "
-                             "set kv_cache.prefix_caching=false")
-        super().__init__(num_blocks, block_size, policy, state_blocks)
+                 policy: CachePolicy = CACHE_POLICIES["vllm"], state_blocks: int = 0,
+                 window: WindowBlocks | None = None):
+        super().__init__(num_blocks, block_size, policy, state_blocks, window)
         # Blocks no request holds, in the order they are handed out; named ones among them are still cached.
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.block_tables: dict[int, list[int]] = {}
+        self._side_blocks: dict[int, list[int]] = {}  # request_id → its side blocks, beside its table
         self.prefix = PrefixCache() if prefix_caching else None
         self._hashes: dict[int, list[int]] = {}  # request_id → its full blocks' hashes so far, while it holds blocks
         self._num_named: dict[int, int] = {}  # request_id → leading blocks of its table already named or matched
@@ -225,10 +256,16 @@ class BlockAllocator(CachePool):
         """Grow the request's table to hold `num_tokens` slots; a request entering with `num_cached_tokens` (from
         `num_cached_tokens`) takes those cached blocks first. All or nothing: False if the blocks aren't free."""
         table = self.block_tables.get(request.request_id)
+        num_token_blocks = -(-num_tokens // self.block_size)
         if table is not None:
-            if (len(table) - self.state_blocks) * self.block_size >= num_tokens:
-                return True  # the common case: a decode token that fits in the last block
-            return self._grow(table, self.num_blocks_for(num_tokens) - len(table))
+            if len(table) >= num_token_blocks:
+                return True  # the common case: a decode token that fits in the last block (side blocks grow alike)
+            side = self._side_blocks[request.request_id]
+            missing_side = self.num_side_blocks_for(num_tokens) - len(side)
+            if num_token_blocks - len(table) + missing_side > self.num_free_blocks:
+                return False
+            self._grow(side, missing_side)
+            return self._grow(table, num_token_blocks - len(table))
         hits = self._hits(request, num_cached_tokens)
         if not self._fits(hits, num_tokens):
             return False
@@ -236,8 +273,10 @@ class BlockAllocator(CachePool):
             if self.prefix.hold(block):
                 del self._free[block]
         table = list(hits)
-        self._grow(table, self.num_blocks_for(num_tokens) - len(hits))
+        self._grow(table, num_token_blocks - len(hits))
         self.block_tables[request.request_id] = table
+        self._side_blocks[request.request_id] = []
+        self._grow(self._side_blocks[request.request_id], self.num_side_blocks_for(num_tokens))
         if self.prefix is not None:
             self._num_named[request.request_id] = len(hits)
         return True
@@ -289,7 +328,8 @@ class BlockAllocator(CachePool):
         table = self.block_tables.pop(request.request_id, ())
         self._hashes.pop(request.request_id, None)
         self._num_named.pop(request.request_id, None)
-        for block in reversed(table):
+        # Its side blocks first: they hold nothing a later request could find, as its table's unnamed tail.
+        for block in [*self._side_blocks.pop(request.request_id, ()), *reversed(table)]:
             if self.prefix is None or block not in self.prefix.hash_of:
                 self._free[block] = None
                 if self.policy.eviction == "empty_first":

@@ -69,9 +69,11 @@ def run_replica(run: MeasuredRun, params: RooflineParams):
     costs = RooflineCostModel(arch, hardware, profile, params.compute_efficiency, run.tensor_parallel,
                               run.expert_parallel)
     default_seqs, default_tokens = hardware.serving_defaults
-    # A model with linear-attention layers: vLLM's larger block, and each sequence's state.
+    # A model with linear-attention layers: vLLM's larger block, and each sequence's state; with window layers, theirs.
     block = costs.hybrid_block_size(BLOCK_SIZE)
     state_blocks = costs.state_blocks(block)
+    window = costs.window_blocks(block)
+    most_side_blocks = state_blocks + (window.held(window.max_blocks) if window else 0)
     options = {
         "max_num_seqs": run.max_num_seqs or default_seqs,
         "max_batch_tokens": run.max_num_batched_tokens or default_tokens,
@@ -87,7 +89,7 @@ def run_replica(run: MeasuredRun, params: RooflineParams):
         num_blocks=min(costs.num_kv_blocks(block, run.memory_fraction,
                                            (options["max_num_seqs"], options["max_batch_tokens"])),
                        max(options["max_num_seqs"], sum(-(-(spec.prompt_len + spec.max_new_tokens) // block)
-                                                        + state_blocks for spec in run.requests))),
+                                                        + most_side_blocks for spec in run.requests))),
         block_size=block,
         max_model_len=run.setup.get("max_model_len") or config["max_position_embeddings"],
         engine_class=simulated_engine,
@@ -96,6 +98,7 @@ def run_replica(run: MeasuredRun, params: RooflineParams):
         eviction=run.eviction,
         recv_interval=profile.scheduler_recv_interval,
         state_blocks=state_blocks,
+        window=window,
     )
 
 

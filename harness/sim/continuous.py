@@ -100,31 +100,38 @@ class SimContinuous(SimEngine):
         self._apply_chunks(chunks, self.prefilling, end_s, lambda request: self._join_decoders(request, step + 1))
 
     def _hold_crossing(self, step: int, preempted: list[Request]) -> None:
-        """The decoders at a block boundary take a block each, in admission order; one that finds none preempts the
-        newest running request until it gets one or is itself the newest (`preempted` gets the victims). The
-        requests served from the free blocks between preemptions take theirs at once: a victim is always newer than
-        the requests already served, so it is the schedule of one block at a time."""
+        """The decoders at a block boundary take their blocks (one each, more while their window layers' grow), in
+        admission order; one that finds too few preempts the newest running request until it gets them or is itself
+        the newest (`preempted` gets the victims)."""
         crossing = self.decoders.crossing(step)
+        if not crossing:
+            return
         allocator, held = self.allocator, self.held
-        if len(crossing) > allocator.num_free_blocks:  # some will preempt: the order matters
-            crossing.sort(key=lambda r: self._admitted_as[r.request_id])
-        served = 0
-        while True:
-            serving = crossing[served:served + allocator.num_free_blocks]
-            for request in serving:
-                held[request.request_id] += 1
-            allocator.take(len(serving))
-            served += len(serving)
-            if served == len(crossing):
-                return
-            request = crossing[served]  # no block left for it
-            while allocator.num_free_blocks < 1:
-                victim, _ = self._preempt_newest(step)
-                preempted.append(victim)
-                if victim is request:
-                    return  # it was the newest: those after it went before it
-            while crossing[-1].request_id not in self.running:  # victims are the newest: the last to ask
-                crossing.pop()
+        if allocator.window is None:
+            needs = [1] * len(crossing)
+        else:
+            base = self.decoders.base
+            needs = [allocator.num_blocks_for(base[r.request_id] + step + 1) - held[r.request_id] for r in crossing]
+        if sum(needs) <= allocator.num_free_blocks:  # the common case: no one preempts, the order does not matter
+            for request, need in zip(crossing, needs):
+                held[request.request_id] += need
+            allocator.take(sum(needs))
+            return
+        served = 0  # blocks given since the last preemption, taken at once before the next one
+        for request, need in sorted(zip(crossing, needs), key=lambda pair: self._admitted_as[pair[0].request_id]):
+            if request.request_id not in self.running:
+                break  # a victim, so the newest: those after it, newer, went before it
+            if need > allocator.num_free_blocks - served:
+                allocator.take(served)
+                served = 0
+                while need > allocator.num_free_blocks:
+                    victim, _ = self._preempt_newest(step)
+                    preempted.append(victim)
+                    if victim is request:
+                        return
+            held[request.request_id] += need
+            served += need
+        allocator.take(served)
 
     def _decode_stretch(self, arrivals: Arrivals | None) -> bool:
         """The decode-only steps from here, up to the next finish or the first a decoder's block would not fit, if
@@ -132,6 +139,10 @@ class SimContinuous(SimEngine):
         if self.prefilling or self._late_first_decode or not self.decoders:
             return False
         step = len(self.records.steps)
+        window = self.allocator.window
+        if window is not None and -(-(self.decoders.shortest_row(step) - 1) // self.allocator.block_size) < \
+                window.max_blocks:
+            return False  # a decoder's window layers still take blocks as it crosses: one step at a time
         num_steps = self.decoders.next_finish() - step + 1
         # The next finish first: at a high load one is often a step or two away, and it is cheaper to find.
         if num_steps < MIN_RUN_STEPS or not self._may_run(arrivals):

@@ -26,9 +26,10 @@ class DecodeSet:
         self._by_phase: list[dict[int, Request]] = [{} for _ in range(block_size)]
         self._finishing: dict[int, dict[int, Request]] = defaultdict(dict)  # step → members done after it
         self._finish_steps: list[int] = []  # min-heap of the keys of `_finishing`, stale ones skipped
-        # Max-heap of (-base, request_id), stale entries skipped; built when first asked for (padded batching asks,
-        # continuous batching never does) and rebuilt when mostly stale.
-        self._longest: list[tuple[int, int]] | None = None
+        # By sign: a heap of (sign x base, request_id), the longest member first (-1) or the shortest (+1), stale
+        # entries skipped; built when first asked for (padded batching asks for the longest, continuous batching
+        # over window layers for the shortest) and rebuilt when mostly stale.
+        self._rows: dict[int, list[tuple[int, int]]] = {}
         # The members' full blocks once step `_full_step` has run, kept as they join and leave and moved on by
         # `num_full_blocks`: a member fills a block every block_size steps, at the steps its residue says.
         self._full_blocks = 0
@@ -53,11 +54,11 @@ class DecodeSet:
         if last not in self._finishing:
             heapq.heappush(self._finish_steps, last)
         self._finishing[last][rid] = request
-        if self._longest is not None:
-            if len(self._longest) > 2 * len(self.base):
-                self._longest = None
+        for sign, heap in list(self._rows.items()):
+            if len(heap) > 2 * len(self.base):
+                del self._rows[sign]
             else:
-                heapq.heappush(self._longest, (-base, rid))
+                heapq.heappush(heap, (sign * base, rid))
 
     def leave(self, request: Request, step: int) -> int:
         """Remove `request` before `step` runs; returns its computed tokens then."""
@@ -125,13 +126,20 @@ class DecodeSet:
 
     def longest_row(self, step: int) -> int:
         """Keys of the longest member's row at `step` (0 with no member)."""
-        if self._longest is None:
-            self._longest = [(-base, rid) for rid, base in self.base.items()]
-            heapq.heapify(self._longest)
-        heap = self._longest
-        while heap and self.base.get(heap[0][1]) != -heap[0][0]:
+        return self._row(-1, step)
+
+    def shortest_row(self, step: int) -> int:
+        """Keys of the shortest member's row at `step` (0 with no member)."""
+        return self._row(1, step)
+
+    def _row(self, sign: int, step: int) -> int:
+        heap = self._rows.get(sign)
+        if heap is None:
+            heap = self._rows[sign] = [(sign * base, rid) for rid, base in self.base.items()]
+            heapq.heapify(heap)
+        while heap and self.base.get(heap[0][1]) != sign * heap[0][0]:
             heapq.heappop(heap)
-        return -heap[0][0] + step + 1 if heap else 0
+        return sign * heap[0][0] + step + 1 if heap else 0
 
     def next_finish(self) -> int | None:
         """The first step after which a member finishes."""

@@ -34,7 +34,8 @@ class SimEngine(Engine):
             raise ValueError("a simulated run generates no token ids, so it cannot stop at EOS")
         prefix_caching = allocator.prefix_caching
         super().__init__(strategy, runner, BlockCount(allocator.num_blocks, allocator.block_size, prefix_caching,
-                                                      allocator.policy, allocator.state_blocks), max_model_len)
+                                                      allocator.policy, allocator.state_blocks, allocator.window),
+                         max_model_len)
         # Whether a decoder's blocks are named as it fills them: then the decoders' named blocks are counted from
         # the `DecodeSet` while they decode, not kept in `named`.
         self._names_output = prefix_caching and allocator.policy.names_output

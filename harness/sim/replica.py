@@ -36,10 +36,12 @@ SIMULATED_ENGINES = {"static": SimStatic, "dynamic": SimDynamic, "continuous": S
 def simulated_engine(strategy: Strategy, runner: SimRunner, allocator: BlockAllocator, max_model_len: int,
                      eos_token_ids=(), shared_prefixes: bool = False) -> Engine:
     """The strategy's simulated engine, or the step-by-step one where that does not cover the strategy's options
-    or the workload shares prompt prefixes through a prefix cache (`shared_prefixes`: some request has pieces)."""
+    or the workload shares prompt prefixes through a prefix cache (`shared_prefixes`: some request has pieces), or
+    where SGLang's schedule runs over a pool holding window layers' blocks beside the full layers' (SGLang's own
+    engine keeps a pool of their own; `SimSGLang` counts one block a decoder's crossing)."""
     engine_class = SIMULATED_ENGINES[strategy.name]
     if isinstance(strategy, SGLangBatching):
-        engine_class = SimSGLang
+        engine_class = SimSGLang if allocator.window is None else Engine
     elif isinstance(strategy, ContinuousBatching) and not SimContinuous.covers(strategy):
         engine_class = Engine
     if shared_prefixes and allocator.prefix_caching:
@@ -89,6 +91,7 @@ def simulated_replicas(cfg: RunConfig):
     if profiled and arch.num_linear_layers:
         cfg = _hybrid_cache(cfg, costs)
         state_blocks = costs.state_blocks(cfg.kv_cache.block_size)
+    window = costs.window_blocks(cfg.kv_cache.block_size) if profiled else None
     if cfg.kv_cache.num_blocks != "auto":
         blocks = cfg.kv_cache.num_blocks
     else:
@@ -97,7 +100,7 @@ def simulated_replicas(cfg: RunConfig):
     scheduler = costs.engine.scheduler if profiled else "vllm"
     recv_interval = costs.engine.scheduler_recv_interval if profiled else 1
     replicas = [configured_replica(cfg, lambda allocator: SimRunner(costs), blocks, config["max_position_embeddings"],
-                                   (), engine_class, caps, scheduler, recv_interval, state_blocks)
+                                   (), engine_class, caps, scheduler, recv_interval, state_blocks, window)
                 for _ in range(cfg.runner.replicas)]
     for replica in replicas:
         replica.layout_warning = misread  # the summary keeps it, so a sweep's table says which runs it touches

@@ -51,6 +51,7 @@ import math
 import numpy as np
 
 from harness.architecture import Architecture
+from harness.core.kv_cache import WindowBlocks
 from harness.sim.costmodel.elementwise import maximum, minimum, sqrt, where
 from harness.sim.costmodel.hardware import Hardware, widened_gemm_share
 from harness.sim.costmodel.shape import StepShape
@@ -401,6 +402,27 @@ class RooflineCostModel:
             return 0
         state = self.arch.linear_state_bytes * (self.tensor_parallel // self._state_shards)
         return -int(-state // self._block_bytes(block_size))
+
+    def window_blocks(self, block_size: int) -> WindowBlocks | None:
+        """What each sequence's sliding-window (or chunked) layers hold in the pool of an engine that sizes its
+        cache as vLLM's V1 does: its hybrid cache manager gives them block tables of their own in the one pool, a
+        block per block of tokens up to the window's cdiv(window, block_size) + 1 (gpt-oss: 9 of 16 tokens beside
+        its full layers'; Llama 4's chunked layers: up to 513, so as many as the full layers' below 8,192 tokens).
+        The layers of each kind are split into groups of one size, the smaller count, or the larger where it is under
+        1.5 times the smaller (`_get_kv_cache_groups_uniform_page_size` in vLLM's kv_cache_utils), the last group
+        padded. None for an engine with a pool of its own for these layers (SGLang's) or none, and where the layers
+        keeping a cache are not full and window ones of one width (what vLLM's uniform-page grouping needs)."""
+        a = self.arch
+        full = a.num_full_layers - a.full_layers_reusing_kv
+        window = a.num_sliding_layers - a.sliding_layers_reusing_kv
+        uniform = a.kv_bytes_per_token == full * a.kv_width * a.kv_element_bytes and a.full_kv_width == a.kv_width
+        if self.engine.cache_sizing != "vllm" or not (full and window and uniform):
+            return None
+        group = min(full, window)
+        if max(full, window) < 1.5 * group:
+            group = max(full, window)
+        return WindowBlocks(max_blocks=-(-a.sliding_window // block_size) + 1,
+                            window_layers=-(-window // group) * group, full_layers=full)
 
     def hybrid_block_size(self, block_size: int) -> int:
         """The cache block an engine that sizes its cache as vLLM does gives a model with linear-attention layers: no
